@@ -1,0 +1,152 @@
+"""Proximal Policy Optimization (Schulman et al. 2017) as pure functions.
+
+Names follow the paper and CleanRL's ``ppo.py``: ``delta``, ``lastgaelam``, ``logratio``,
+``pg_loss``, ``v_loss``; ``b_`` is the flattened batch, ``mb_`` a minibatch. ``prepare`` turns a
+:class:`~dask_rl.types.Trajectory` into a flat batch of tensors with GAE advantages computed
+under the learner's current value function; ``loss`` is the clipped surrogate, the clipped value
+loss and the entropy bonus on one minibatch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dask_rl.config import PPOConfig
+from dask_rl.types import Trajectory
+
+Batch = dict  # str -> torch.Tensor, flattened over [T, N]
+
+
+def next_values(values: np.ndarray, last_value: np.ndarray, terminated: np.ndarray,
+                truncated: np.ndarray, trunc_index: np.ndarray,
+                trunc_values: np.ndarray) -> np.ndarray:
+    """V(s_{t+1}) for every step: 0 after termination, V(final obs) after truncation.
+
+    With same-step autoreset ``values[t + 1]`` belongs to the next episode whenever step ``t``
+    ended one, so those entries are replaced.
+    """
+    nv = np.empty_like(values)
+    nv[:-1] = values[1:]
+    nv[-1] = last_value
+    nv[terminated | truncated] = 0.0
+    if len(trunc_index):
+        t, n = trunc_index[:, 0], trunc_index[:, 1]
+        nv[t, n] = np.where(terminated[t, n], 0.0, trunc_values)
+    return nv
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray,
+        episode_end: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+    """Generalised advantage estimates (Schulman et al. 2016), ``[T, N]``.
+
+    ``episode_end[t]`` (terminated or truncated) stops the recursion; bootstrapping is already
+    in ``next_values``.
+    """
+    advantages = np.zeros_like(values)
+    lastgaelam = np.zeros_like(values[0])
+    not_end = 1.0 - episode_end.astype(values.dtype)
+    for t in reversed(range(len(rewards))):
+        delta = rewards[t] + gamma * next_values[t] - values[t]
+        lastgaelam = delta + gamma * lam * not_end[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages
+
+
+def normalize(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit standard deviation (advantage normalisation)."""
+    if x.numel() < 2:
+        return x - x.mean()
+    return (x - x.mean()) / (x.std() + eps)
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor,
+                      clip_coef: float) -> torch.Tensor:
+    """The PPO-clip policy loss: ``mean(max(-A r, -A clip(r, 1-eps, 1+eps)))``."""
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    return torch.max(pg_loss1, pg_loss2).mean()
+
+
+def value_loss(newvalue: torch.Tensor, oldvalue: torch.Tensor, returns: torch.Tensor,
+               clip_coef: float | None) -> torch.Tensor:
+    """Half squared error, clipped around ``oldvalue`` when ``clip_coef`` is given."""
+    v_loss_unclipped = (newvalue - returns) ** 2
+    if clip_coef is None:
+        return 0.5 * v_loss_unclipped.mean()
+    v_clipped = oldvalue + torch.clamp(newvalue - oldvalue, -clip_coef, clip_coef)
+    v_loss_clipped = (v_clipped - returns) ** 2
+    return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+
+
+def truncated_ratio(ratio: torch.Tensor, cross_ratio_min: torch.Tensor | None,
+                    rho: float) -> torch.Tensor:
+    """Stellaris' global IS truncation applied to PPO's ratio.
+
+    ``cross_ratio_min`` is ``min_i pi_theta_i(a|s) / mu(a|s)`` over the policies of the other
+    learners active when this batch was learned (detached). Where that minimum is below ``rho``
+    the ratio is capped by it, so no single learner's policy can run further from the behaviour
+    policy than the most conservative concurrent learner allows; otherwise it is capped at the
+    learner's own ratio (no effect). This is ``min(r, max(min_i r_i, rho))``: the form used by
+    Stellaris' released code, which reduces to the paper's ``min(|min_i r_i|, rho)`` bound on
+    the aggregate whenever the learners disagree, and leaves single-learner PPO unchanged.
+    """
+    if cross_ratio_min is None:
+        return ratio
+    cap = torch.clamp(cross_ratio_min, min=rho)
+    return torch.min(ratio, cap)
+
+
+@torch.no_grad()
+def prepare(traj: Trajectory, model: torch.nn.Module, cfg: PPOConfig, *, device: torch.device,
+            clip_rewards: bool = False, normalizer=None) -> Batch:
+    """Flatten a trajectory into a training batch with GAE advantages and returns."""
+    T, N = traj.num_steps, traj.num_envs
+    obs = torch.as_tensor(traj.obs, device=device)
+    flat_obs = obs.reshape(T * N, *obs.shape[2:])
+    tail = [torch.as_tensor(traj.last_obs, device=device)]
+    if len(traj.trunc_index):
+        tail.append(torch.as_tensor(traj.trunc_obs, device=device))
+    tail_obs = torch.cat(tail)
+    values = model.value(flat_obs).reshape(T, N).cpu().numpy()
+    tail_values = model.value(tail_obs).cpu().numpy()
+    last_value, trunc_values = tail_values[:N], tail_values[N:]
+    rewards = traj.rewards.astype(np.float32)
+    if clip_rewards:
+        rewards = np.sign(rewards)
+    nv = next_values(values, last_value, traj.terminated, traj.truncated, traj.trunc_index,
+                     trunc_values)
+    episode_end = traj.terminated | traj.truncated
+    advantages = gae(rewards, values, nv, episode_end, cfg.gamma, cfg.gae_lambda)
+    returns = advantages + values
+    actions = torch.as_tensor(traj.actions, device=device)
+    return {
+        "obs": flat_obs,
+        "actions": actions.reshape(T * N, *actions.shape[2:]),
+        "logp": torch.as_tensor(traj.behaviour_logp, device=device).reshape(-1),
+        "advantages": torch.as_tensor(advantages, device=device).reshape(-1),
+        "returns": torch.as_tensor(returns, device=device).reshape(-1),
+        "values": torch.as_tensor(values, device=device).reshape(-1),
+    }
+
+
+def loss(model: torch.nn.Module, mb: Batch, cfg: PPOConfig, *, is_rho: float = 1.0):
+    """PPO loss on one minibatch: ``(loss, stats)`` with CleanRL's diagnostics."""
+    dist, newvalue = model(mb["obs"])
+    newlogp = dist.log_prob(mb["actions"])
+    entropy = dist.entropy().mean()
+    logratio = newlogp - mb["logp"]
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+    ratio = truncated_ratio(ratio, mb.get("cross_ratio_min"), is_rho)
+    mb_advantages = normalize(mb["advantages"]) if cfg.norm_adv else mb["advantages"]
+    pg_loss = clipped_surrogate(ratio, mb_advantages, cfg.clip_coef)
+    v_loss = value_loss(newvalue, mb["values"], mb["returns"],
+                        cfg.clip_coef if cfg.clip_vloss else None)
+    total = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+    stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
+             "losses/entropy": entropy.item(), "losses/approx_kl": approx_kl.item(),
+             "losses/clipfrac": clipfrac.item()}
+    return total, stats

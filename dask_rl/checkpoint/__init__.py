@@ -1,0 +1,5 @@
+"""Zarr checkpoints: the only package that imports ``zarr``."""
+
+from dask_rl.checkpoint.store import FORMAT_VERSION, CheckpointError, CheckpointStore
+
+__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointStore"]

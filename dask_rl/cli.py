@@ -1,0 +1,165 @@
+"""The ``dask-rl`` command: train, evaluate and validate pipelines.
+
+Exit codes: 0 on success, 1 when a run fails, 2 on bad input (a pipeline, an override, a run
+directory), reported as one line on stderr before any cluster starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from dask_rl.config import ConfigError
+
+EXIT_BAD_INPUT = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dask-rl", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log more (-v: progress details, -vv: debug)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a pipeline")
+    t.add_argument("pipeline", help="pipeline YAML file")
+    t.add_argument("--address", help="scheduler address of an existing Dask cluster")
+    t.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    t.add_argument("--run-dir", help="where summary.json, metrics.jsonl and checkpoints go")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --run-dir")
+    t.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY.PATH=VALUE", help="override a pipeline field (repeatable)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    e = sub.add_parser("evaluate", help="greedy evaluation of a run's latest checkpoint")
+    e.add_argument("run_dir", help="a run directory (with checkpoints/)")
+    e.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    e.add_argument("--seed", type=int, default=12345, help="evaluation seed")
+
+    v = sub.add_parser("validate", help="check a pipeline without running it")
+    v.add_argument("pipeline", help="pipeline YAML file")
+    v.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY.PATH=VALUE", help="override a pipeline field (repeatable)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose < 2:
+        logging.getLogger("distributed").setLevel(logging.ERROR)
+    try:
+        return {"train": _train, "evaluate": _evaluate, "validate": _validate}[args.command](args)
+    except ConfigError as e:
+        print(f"dask-rl: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("dask-rl: interrupted", file=sys.stderr)
+        return 130
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from dask_rl.config import load_pipeline
+
+    cfg = load_pipeline(args.pipeline, args.overrides)
+    print(f"ok: {cfg.algo.name} on {cfg.env.id}, aggregation {cfg.aggregation.strategy}, "
+          f"stop at {cfg.stop.env_steps} env steps")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from dask_rl.api import default_run_dir, resolve, train
+
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    cfg = resolve(args.pipeline, args.overrides)  # bad input fails here, before any cluster
+    if args.resume:
+        if not args.run_dir:
+            raise ConfigError("--resume: needs --run-dir naming the run to continue")
+        if not (Path(args.run_dir) / "checkpoints").exists() and cfg.checkpoint.path is None:
+            raise ConfigError(f"--resume: no checkpoints in {args.run_dir}")
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    bar = _Progress(enabled=not args.no_progress, total=cfg.stop.env_steps)
+    print(f"dask-rl: training {cfg.algo.name} on {cfg.env.id} -> {run_dir}", file=sys.stderr)
+    try:
+        result = train(cfg, run_dir=run_dir, resume=args.resume, address=args.address,
+                       workers=args.workers, progress=bar.update)
+    finally:
+        bar.close()
+    s = result.summary
+    print(json.dumps(s, indent=2))
+    verdict = "solved" if s["solved"] else "not solved"
+    print(f"dask-rl: {verdict}: greedy return {s['final_return']:.1f} after {s['env_steps']} env "
+          f"steps in {s['wall_s']:.1f} s ({s['stop_reason']}); summary in "
+          f"{result.run_dir / 'summary.json'}", file=sys.stderr)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from dask_rl.checkpoint import CheckpointError, CheckpointStore
+    from dask_rl.config import from_dict
+    from dask_rl.rollout import evaluate
+    from dask_rl.types import PolicySnapshot
+
+    if args.episodes < 1:
+        raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
+    ckpt = Path(args.run_dir) / "checkpoints"
+    if not ckpt.exists():
+        raise ConfigError(f"{args.run_dir}: no checkpoints/ here; is it a run directory?")
+    try:
+        state, meta, name = CheckpointStore(ckpt).load_latest_good()
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    cfg = from_dict(meta["config"])
+    actor = state["actor"]
+    snapshot = PolicySnapshot(int(actor["version"]), actor["params"], actor.get("obs_moments"))
+    result = evaluate(cfg, snapshot, episodes=args.episodes, seed=args.seed)
+    result.update({"checkpoint": name, "env_id": cfg.env.id, "algorithm": cfg.algo.name,
+                   "env_steps": meta.get("env_steps")})
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+class _Progress:
+    """A tqdm bar on a terminal; a log line every 10 s otherwise."""
+
+    def __init__(self, *, enabled: bool, total: int):
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.total = total
+        self.last = 0
+        self.last_print = 0.0
+        self.bar = None
+        if enabled and self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True,
+                            desc="env steps")
+
+    def update(self, info: dict) -> None:
+        if not self.enabled:
+            return
+        ret = "-" if info["return"] is None else f"{info['return']:.1f}"
+        ev = "" if info.get("eval") is None else f" eval={info['eval']:.1f}"
+        text = f"return={ret}{ev} updates={info['updates']} {info['steps_per_s']:.0f} steps/s"
+        if self.bar is not None:
+            self.bar.update(min(info["env_steps"], self.total) - self.last)
+            self.last = min(info["env_steps"], self.total)
+            self.bar.set_postfix_str(text, refresh=False)
+        elif time.time() - self.last_print >= 10:
+            self.last_print = time.time()
+            print(f"dask-rl: {info['env_steps']}/{self.total} env steps, {text}",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""Pipeline configuration: YAML files validated into frozen dataclasses.
+
+A pipeline is a YAML mapping with one section per concern (``algo``, ``env``, ``model``,
+``rollout``, ``learner``, ``aggregation``, ``stop``, ``checkpoint``, ``cluster``). Every field is
+declared once below, with its default, its bounds and a one-line description; the loader rejects
+unknown keys, wrong types and out-of-range values with a :class:`ConfigError` whose message names
+the key path and the offending value, e.g. ``learner.lr: must be > 0, got -0.1``.
+
+Two sections are *tagged unions*: ``algo`` is chosen by ``algo.name`` (``ppo``, ``impact``, ...)
+and ``aggregation`` by ``aggregation.strategy`` (``sync``, ``async``, ...); each variant accepts
+only its own keys.
+
+Examples
+--------
+>>> cfg = load_pipeline("pipelines/ppo_cartpole.yaml", overrides=["learner.lr=1e-3"])
+>>> cfg.learner.lr
+0.001
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "PipelineConfig",
+    "load_pipeline",
+    "from_dict",
+    "apply_overrides",
+    "to_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A pipeline is invalid. The message is one line naming the key path and the value."""
+
+
+def option(default: Any = dataclasses.MISSING, doc: str = "", *, default_factory: Any = None,
+           ge: float | None = None, gt: float | None = None, le: float | None = None,
+           lt: float | None = None, choices: tuple | None = None) -> Any:
+    """A dataclass field carrying its documentation and bounds for the loader."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    id: str = option("CartPole-v1", "Gymnasium id, e.g. CartPole-v1, ALE/Pong-v5, Hopper-v5")
+    num_envs: int = option(4, "environments stepped together by one rollout task", ge=1)
+    kwargs: dict = option(doc="extra keyword arguments for gymnasium.make", default_factory=dict)
+    frame_stack: int = option(4, "Atari only: frames stacked per observation", ge=1)
+    noop_max: int = option(30, "Atari only: random no-ops at reset", ge=0)
+    episodic_life: bool = option(True, "Atari only: a lost life ends the training episode")
+    clip_rewards: bool = option(True, "Atari only: the loss sees sign(reward)")
+    normalize_obs: bool = option(False, "keep running mean/std of observations (MuJoCo)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the MLP torso")
+    activation: str = option("tanh", "MLP activation", choices=("tanh", "relu"))
+    separate_critic: bool = option(True, "MLP only: actor and critic have separate torsos")
+    log_std_init: float = option(0.0, "continuous actions: initial log standard deviation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    steps: int = option(128, "env steps per environment in one rollout task", ge=1)
+    num_actors: int | None = option(None, "rollout tasks kept in flight (None: one per worker "
+                                          "thread)", ge=1)
+    max_ready: int | None = option(None, "completed trajectories waiting for a learner before "
+                                         "rollouts pause (None: learner.max_learners)", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    max_learners: int = option(2, "learner tasks in flight at once", ge=1)
+    gpus: float = option(0.0, "Dask resource GPU requested per learner task", ge=0)
+    device: str = option("auto", "where a learner runs its math", choices=("auto", "cpu", "cuda"))
+    lr: float = option(2.5e-4, "learning rate of the learner's local optimizer", gt=0)
+    anneal_lr: bool = option(True, "decay lr linearly to 0 over stop.env_steps")
+    epochs: int = option(4, "passes over each batch", ge=1)
+    minibatches: int = option(4, "minibatches per pass", ge=1)
+    max_grad_norm: float = option(0.5, "clip the global gradient norm (0: off)", ge=0)
+    adam_eps: float = option(1e-5, "Adam epsilon", gt=0)
+    is_truncation: bool = option(False, "global importance-sampling truncation across the "
+                                        "learners active at the same time (Stellaris)")
+    is_rho: float = option(1.0, "cap rho of the truncated ratio", gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PPOConfig:
+    name: Literal["ppo"] = option("ppo", "algorithm")
+    gamma: float = option(0.99, "discount", ge=0, le=1)
+    gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
+    clip_coef: float = option(0.2, "surrogate clipping epsilon", gt=0)
+    clip_vloss: bool = option(True, "clip the value loss around the behaviour values")
+    vf_coef: float = option(0.5, "value loss coefficient", ge=0)
+    ent_coef: float = option(0.01, "entropy bonus coefficient", ge=0)
+    norm_adv: bool = option(True, "normalise advantages per minibatch")
+    target_kl: float | None = option(None, "stop a learner's epochs early above this KL", gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IMPACTConfig:
+    name: Literal["impact"] = option("impact", "algorithm")
+    gamma: float = option(0.99, "discount", ge=0, le=1)
+    clip_coef: float = option(0.4, "surrogate clipping epsilon on pi/pi_target", gt=0)
+    vf_coef: float = option(0.5, "value loss coefficient", ge=0)
+    ent_coef: float = option(0.01, "entropy bonus coefficient", ge=0)
+    rho_bar: float = option(1.0, "V-trace rho-bar truncation", gt=0)
+    c_bar: float = option(1.0, "V-trace c-bar truncation", gt=0)
+    target_is_clip: float = option(2.0, "truncation of the behaviour->target IS ratio", gt=0)
+    target_update_every: int = option(2, "refresh the target network every N updates", ge=1)
+    replay: int = option(2, "times each batch is replayed from the circular buffer (K)", ge=1)
+    buffer_size: int = option(8, "trajectories kept in the circular buffer", ge=1)
+    norm_adv: bool = option(True, "normalise advantages per minibatch")
+
+
+AlgoConfig = Union[PPOConfig, IMPACTConfig]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncConfig:
+    strategy: Literal["sync"] = option("sync", "barrier over the active learners, average, "
+                                               "one step")
+    lr: float = option(1.0, "server step size alpha0 applied to each aggregate", gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncConfig:
+    strategy: Literal["async"] = option("async", "apply every gradient on arrival")
+    lr: float = option(1.0, "server step size alpha0", gt=0)
+
+
+AggregationConfig = Union[SyncConfig, AsyncConfig]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopConfig:
+    env_steps: int = option(300_000, "stop after this many environment steps", ge=1)
+    wall_s: float | None = option(None, "stop after this many seconds", gt=0)
+    target_return: float | None = option(None, "stop once a greedy evaluation reaches this mean "
+                                               "return (None: the env's reward_threshold)")
+    eval_episodes: int = option(10, "episodes of each greedy evaluation", ge=1)
+    eval_every_updates: int = option(50, "evaluate greedily every N updates (0: only when the "
+                                         "training return reaches the target)", ge=0)
+    solve_on_target: bool = option(True, "stop as soon as a greedy evaluation reaches the "
+                                         "target")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    every_s: float = option(60.0, "seconds between checkpoints (0: only at the end)", ge=0)
+    keep: int = option(3, "checkpoints kept", ge=1)
+    path: str | None = option(None, "where checkpoints go (default RUN_DIR/checkpoints); a local "
+                                    "path or an fsspec URL")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    kind: str = option("local", "local: embedded LocalCluster; address: existing scheduler",
+                       choices=("local", "address"))
+    n_workers: int = option(2, "local: worker processes", ge=1)
+    threads_per_worker: int = option(1, "local: threads per worker", ge=1)
+    processes: bool = option(True, "local: worker processes (False: threads in this process)")
+    memory_limit: str = option("auto", "local: memory limit per worker")
+    address: str | None = option(None, "address: the scheduler, tcp://host:8786 or tls://...")
+    dashboard: bool = option(True, "local: serve the Dask dashboard (and the /rl page)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    algo: AlgoConfig = option(doc="algorithm and its hyperparameters", default_factory=PPOConfig)
+    seed: int = option(0, "seeds environments, model init and learners", ge=0)
+    env: EnvConfig = option(doc="environment", default_factory=EnvConfig)
+    model: ModelConfig = option(doc="policy / value network", default_factory=ModelConfig)
+    rollout: RolloutConfig = option(doc="rollout tasks", default_factory=RolloutConfig)
+    learner: LearnerConfig = option(doc="learner tasks", default_factory=LearnerConfig)
+    aggregation: AggregationConfig = option(doc="how the parameter actor applies gradients",
+                                            default_factory=AsyncConfig)
+    stop: StopConfig = option(doc="when a run ends", default_factory=StopConfig)
+    checkpoint: CheckpointConfig = option(doc="Zarr checkpoints",
+                                          default_factory=CheckpointConfig)
+    cluster: ClusterConfig = option(doc="where it runs", default_factory=ClusterConfig)
+
+    def __post_init__(self) -> None:
+        batch = self.env.num_envs * self.rollout.steps
+        if self.learner.minibatches > batch:
+            raise ConfigError(f"learner.minibatches: must be <= env.num_envs * rollout.steps "
+                              f"= {batch}, got {self.learner.minibatches}")
+        if self.cluster.kind == "address" and not self.cluster.address:
+            raise ConfigError("cluster.address: required when cluster.kind is 'address', got None")
+
+    @property
+    def batch_size(self) -> int:
+        """Samples in one trajectory (one learner task's batch)."""
+        return self.env.num_envs * self.rollout.steps
+
+
+# Tagged unions: the key that selects the variant, and the variant used when it is absent.
+_TAGS: dict[Any, tuple[str, str]] = {AlgoConfig: ("name", "ppo"),
+                                     AggregationConfig: ("strategy", "async")}
+
+
+# --------------------------------------------------------------------------------------------
+# Loading and validation
+# --------------------------------------------------------------------------------------------
+
+def load_pipeline(path: str | os.PathLike, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read a pipeline YAML file, apply ``key.path=value`` overrides and validate it.
+
+    Raises :class:`ConfigError` for a missing or unreadable file, bad YAML, or a bad value.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ConfigError(f"pipeline file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    data = apply_overrides(dict(data), overrides or [])
+    return from_dict(data)
+
+
+def from_dict(data: Mapping[str, Any], *, check_env: bool = True) -> PipelineConfig:
+    """Validate a plain mapping (as read from YAML) into a :class:`PipelineConfig`."""
+    cfg = _build(PipelineConfig, data, "")
+    if check_env:
+        from dask_rl.envs import check_env_id
+
+        problem = check_env_id(cfg.env.id)
+        if problem:
+            raise ConfigError(f"env.id: {problem}, got {cfg.env.id!r}")
+    return cfg
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``key.path=value`` strings (values parsed as YAML) to a nested mapping, copying."""
+    data = _deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set: expected key.path=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def to_dict(cfg: Any) -> dict:
+    """A JSON-ready dict of a config (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def _deepcopy(d: Any) -> Any:
+    if isinstance(d, Mapping):
+        return {k: _deepcopy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deepcopy(v) for v in d]
+    return d
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or 'pipeline'}: expected a mapping, got {_show(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            allowed = ", ".join(sorted(fields))
+            raise ConfigError(f"{_join(path, str(key))}: unknown key (allowed: {allowed}), "
+                              f"got {_show(data[key])}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        p = _join(path, name)
+        value = _coerce(hints[name], data[name], p)
+        _check_bounds(f.metadata, value, p)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        if path and not str(e).startswith(path):
+            raise ConfigError(f"{path}.{e}") from None
+        raise
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp in _TAGS:
+        return _build_union(tp, value, path)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return _coerce(rest[0], value, path)
+        raise TypeError(f"unsupported union {tp}")  # a bug in this module, not in a pipeline
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{path}: must be one of {', '.join(map(str, args))}, "
+                              f"got {_show(value)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
+        return value
+    if tp is int:
+        number = _number(value)
+        if isinstance(value, bool) or number is None or not float(number).is_integer():
+            raise ConfigError(f"{path}: expected an integer, got {_show(value)}")
+        return int(number)
+    if tp is float:
+        number = _number(value)
+        if isinstance(value, bool) or number is None:
+            raise ConfigError(f"{path}: expected a number, got {_show(value)}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{path}: must be finite, got {_show(value)}")
+        return float(number)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {_show(value)}")
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
+        return dict(value)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {_show(value)}")
+        item = args[0]
+        return tuple(_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+    raise TypeError(f"unsupported field type {tp}")
+
+
+def _number(value: Any) -> float | int | None:
+    """A YAML scalar as a number, or None. YAML 1.1 reads ``1e-3`` as a string, so parse those."""
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _build_union(tp: Any, value: Any, path: str) -> Any:
+    tag, default = _TAGS[tp]
+    variants = {typing.get_args(typing.get_type_hints(v)[tag])[0]: v for v in typing.get_args(tp)}
+    if isinstance(value, tuple(variants.values())):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
+    name = value.get(tag, default)
+    if name not in variants:
+        raise ConfigError(f"{_join(path, tag)}: must be one of {', '.join(variants)}, "
+                          f"got {_show(name)}")
+    return _build(variants[name], value, path)
+
+
+def _check_bounds(meta: Mapping[str, Any], value: Any, path: str) -> None:
+    if value is None or isinstance(value, (bool, str, dict, tuple)) or dataclasses.is_dataclass(value):
+        if meta.get("choices") and isinstance(value, str) and value not in meta["choices"]:
+            raise ConfigError(f"{path}: must be one of {', '.join(meta['choices'])}, "
+                              f"got {_show(value)}")
+        if isinstance(value, tuple):
+            for i, v in enumerate(value):
+                _check_bounds({**meta, "choices": None}, v, f"{path}[{i}]")
+        return
+    for key, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                          ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+        bound = meta.get(key)
+        if bound is not None and not ok(value, bound):
+            raise ConfigError(f"{path}: must be {word} {bound:g}, got {value!r}")
+
+
+def describe(cls: type = PipelineConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(key path, default, doc) for every field: the reference table in the README."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = _join(prefix, f.name)
+        tp = hints[f.name]
+        if tp in _TAGS:
+            for variant in typing.get_args(tp):
+                rows += describe(variant, key)
+        elif dataclasses.is_dataclass(tp):
+            rows += describe(tp, key)
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((key, default, f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,104 @@
+"""Environment factory: Gymnasium ids to seeded vector environments.
+
+Every vector env made here autoresets in the *same step* (an episode's last transition returns
+the first observation of the next episode, the final observation sits in ``info["final_obs"]``),
+so every stored transition is a real one, and records true episode returns before any wrapper
+that changes rewards or episode ends (Atari's episodic life).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from dask_rl.config import EnvConfig
+
+__all__ = ["make_vector_env", "env_spaces", "check_env_id", "is_atari", "reward_threshold",
+           "episode_stats"]
+
+
+@functools.lru_cache(maxsize=None)
+def _register_optional() -> None:
+    try:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    except ImportError:
+        pass
+
+
+def is_atari(env_id: str) -> bool:
+    """True for Arcade Learning Environment ids (``ALE/Pong-v5``, ``PongNoFrameskip-v4``)."""
+    _register_optional()
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return env_id.startswith("ALE/")
+    return "ale_py" in str(spec.entry_point)
+
+
+def check_env_id(env_id: str) -> str | None:
+    """None if ``env_id`` can be made here, else a short reason."""
+    _register_optional()
+    try:
+        gym.spec(env_id)
+    except gym.error.Error:
+        if env_id.startswith("ALE/"):
+            return "Atari environments need the 'atari' extra (pip install 'dask-rl[atari]')"
+        return "unknown Gymnasium environment id"
+    return None
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """The env's registered ``reward_threshold`` (e.g. 475 for CartPole-v1), if any."""
+    _register_optional()
+    return gym.spec(env_id).reward_threshold
+
+
+def _make_one(cfg: EnvConfig, training: bool) -> gym.Env:
+    if is_atari(cfg.id):
+        from dask_rl.envs.atari import make_atari
+
+        return make_atari(cfg, training=training)
+    env = gym.make(cfg.id, **cfg.kwargs)
+    return gym.wrappers.RecordEpisodeStatistics(env)
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int | None = None, *, seed: int,
+                    training: bool = True) -> SyncVectorEnv:
+    """A reset, seeded vector env of ``num_envs`` copies (default ``cfg.num_envs``).
+
+    Sub-env ``i`` is seeded with ``seed + i``; the caller keeps the returned first observation
+    from ``env.reset`` (stored as ``env.first_obs``).
+    """
+    _register_optional()
+    n = num_envs or cfg.num_envs
+    env = SyncVectorEnv([functools.partial(_make_one, cfg, training) for _ in range(n)],
+                        autoreset_mode=AutoresetMode.SAME_STEP)
+    obs, _ = env.reset(seed=[seed + i for i in range(n)])
+    env.action_space.seed(seed)
+    env.first_obs = obs
+    return env
+
+
+def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
+    """Single-env observation and action spaces, as the model sees them."""
+    env = make_vector_env(cfg, 1, seed=0)
+    try:
+        return env.single_observation_space, env.single_action_space
+    finally:
+        env.close()
+
+
+def episode_stats(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and lengths of the episodes that ended in this vector step."""
+    final = info.get("final_info")
+    if not final or "episode" not in final:
+        return np.zeros(0, np.float64), np.zeros(0, np.int64)
+    mask = final["_episode"]
+    ep = final["episode"]
+    return np.asarray(ep["r"])[mask].astype(np.float64), np.asarray(ep["l"])[mask].astype(np.int64)

@@ -1,0 +1,72 @@
+"""Metrics out of a run: ``RUN_DIR/metrics.jsonl`` and Dask events for the dashboard.
+
+Every record is one flat JSON object with a ``kind`` (``learner``, ``eval``, ``checkpoint``,
+``recovery``, ``run``) and the run's counters at that moment; the same record goes to the
+scheduler as a Dask event on topic :data:`TOPIC` (Pub/Sub is gone, FACTS.md), where the ``/rl``
+dashboard page reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+TOPIC = "dask-rl"
+
+
+def clean(value: Any) -> Any:
+    """Plain JSON / msgpack values: numpy scalars to Python, NaN and inf to None."""
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return clean(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    """Appends records to a JSONL file and forwards them as Dask events."""
+
+    def __init__(self, path: str | os.PathLike, *, client: Any = None, run: str = ""):
+        self.path = os.fspath(path)
+        self.client = client
+        self.run = run
+        self._file = open(self.path, "a", buffering=1)
+
+    def write(self, kind: str, record: dict[str, Any]) -> dict[str, Any]:
+        rec = clean({"kind": kind, "time": time.time(), "run": self.run, **record})
+        self._file.write(json.dumps(rec) + "\n")
+        if self.client is not None:
+            try:
+                self.client.log_event(TOPIC, rec)
+            except Exception:  # the dashboard is best effort; the file is the record
+                logger.debug("could not log a Dask event", exc_info=True)
+        return rec
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of a ``metrics.jsonl`` (a torn last line from a crash is skipped)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out

@@ -1,0 +1,133 @@
+"""Collecting trajectories: a persistent vector env stepped by a local copy of the policy.
+
+A :class:`RolloutWorker` is the single-process building block of a rollout task: it keeps its
+environments (and their unfinished episodes) between calls, so episodes continue across tasks,
+and batches policy inference over the vector env.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from dask_rl.config import PipelineConfig
+from dask_rl.envs import episode_stats, make_vector_env
+from dask_rl.models import load_snapshot, make_model
+from dask_rl.models.normalizer import batch_moments
+from dask_rl.types import PolicySnapshot, Trajectory
+
+
+class RolloutWorker:
+    """Steps ``cfg.env.num_envs`` environments with the policy version last loaded.
+
+    Examples
+    --------
+    >>> worker = RolloutWorker(cfg, seed=0)
+    >>> worker.load(snapshot)
+    >>> traj = worker.collect(128)
+    """
+
+    def __init__(self, cfg: PipelineConfig, *, seed: int, actor_id: int = 0):
+        self.cfg = cfg
+        self.actor_id = actor_id
+        self.env = make_vector_env(cfg.env, seed=seed)
+        self.obs = self.env.first_obs
+        self.model = make_model(self.env.single_observation_space, self.env.single_action_space,
+                                cfg.model, normalize_obs=cfg.env.normalize_obs)
+        self.model.eval()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = -1
+        space = self.env.single_action_space
+        self._bounds = (space.low, space.high) if isinstance(space, spaces.Box) else None
+
+    def load(self, snapshot: PolicySnapshot) -> None:
+        load_snapshot(self.model, snapshot)
+        self.version = snapshot.version
+
+    @torch.inference_mode()
+    def collect(self, num_steps: int) -> Trajectory:
+        """Step all environments ``num_steps`` times and return what happened."""
+        t0 = time.perf_counter()
+        T, N = num_steps, self.env.num_envs
+        obs_space, act_space = self.env.single_observation_space, self.env.single_action_space
+        obs_buf = np.empty((T, N, *obs_space.shape), obs_space.dtype)
+        act_buf = np.empty((T, N, *act_space.shape), act_space.dtype if self._bounds is None
+                           else np.float32)
+        rewards = np.empty((T, N), np.float32)
+        terminated = np.empty((T, N), bool)
+        truncated = np.empty((T, N), bool)
+        logp = np.empty((T, N), np.float32)
+        trunc_index, trunc_obs, returns, lengths = [], [], [], []
+        for t in range(T):
+            obs_buf[t] = self.obs
+            action, log_prob = self.model.act(torch.as_tensor(self.obs), generator=self.generator)
+            action = action.numpy()
+            act_buf[t] = action
+            logp[t] = log_prob.numpy()
+            env_action = action if self._bounds is None else np.clip(action, *self._bounds)
+            self.obs, rewards[t], terminated[t], truncated[t], info = self.env.step(env_action)
+            cut = truncated[t] & ~terminated[t]
+            if cut.any():
+                for n in np.flatnonzero(cut):
+                    trunc_index.append((t, n))
+                    trunc_obs.append(info["final_obs"][n])
+            r, length = episode_stats(info)
+            if len(r):
+                returns.append(r)
+                lengths.append(length)
+        return Trajectory(
+            obs=obs_buf, actions=act_buf, rewards=rewards, terminated=terminated,
+            truncated=truncated, behaviour_logp=logp, last_obs=self.obs.copy(),
+            trunc_index=np.asarray(trunc_index, np.int32).reshape(-1, 2),
+            trunc_obs=np.asarray(trunc_obs, obs_space.dtype).reshape(-1, *obs_space.shape),
+            policy_version=self.version,
+            episode_returns=np.concatenate(returns) if returns else np.zeros(0),
+            episode_lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+            actor_id=self.actor_id,
+            obs_moments=batch_moments(obs_buf) if self.cfg.env.normalize_obs else None,
+            collect_s=time.perf_counter() - t0,
+        )
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@torch.inference_mode()
+def evaluate(cfg: PipelineConfig, snapshot: PolicySnapshot, *, episodes: int,
+             seed: int) -> dict:
+    """Greedy evaluation: mean and spread of the returns of ``episodes`` full episodes."""
+    n = min(episodes, 16)
+    env = make_vector_env(cfg.env, n, seed=seed, training=False)
+    model = make_model(env.single_observation_space, env.single_action_space, cfg.model,
+                       normalize_obs=cfg.env.normalize_obs)
+    load_snapshot(model, snapshot)
+    model.eval()
+    space = env.single_action_space
+    bounds = (space.low, space.high) if isinstance(space, spaces.Box) else None
+    # Each env owes a fixed quota of episodes, so short episodes are not over-represented.
+    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
+    obs, returns, lengths = env.first_obs, [], []
+    try:
+        while quota.any():
+            action, _ = model.act(torch.as_tensor(obs), greedy=True)
+            action = action.numpy()
+            if bounds is not None:
+                action = np.clip(action, *bounds)
+            obs, _, _, _, info = env.step(action)
+            final = info.get("final_info")
+            if final and "episode" in final:
+                for i in np.flatnonzero(final["_episode"]):
+                    if quota[i] > 0:
+                        quota[i] -= 1
+                        returns.append(float(final["episode"]["r"][i]))
+                        lengths.append(int(final["episode"]["l"][i]))
+    finally:
+        env.close()
+    returns = np.asarray(returns)
+    return {"mean_return": float(returns.mean()), "std_return": float(returns.std()),
+            "min_return": float(returns.min()), "max_return": float(returns.max()),
+            "mean_length": float(np.mean(lengths)), "episodes": int(len(returns)),
+            "version": snapshot.version}

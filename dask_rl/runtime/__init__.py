@@ -1,0 +1,1 @@
+"""Everything that touches Dask: cluster, worker plugins, tasks, parameter actor, driver."""

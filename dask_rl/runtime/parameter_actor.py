@@ -1,0 +1,207 @@
+"""The parameter actor: the one long-lived owner of the policy's parameters.
+
+It runs as a Dask actor (``client.submit(ParameterActor, ..., actor=True)``) on one worker and
+knows flat parameter vectors, versions, an optimizer and an aggregation strategy — nothing about
+PPO or ES. Learner tasks call :meth:`pull` and :meth:`push`; rollout tasks call :meth:`pull`
+with the version they already hold, which answers ``None`` when nothing changed.
+
+Every published version is an immutable :class:`~dask_rl.types.PolicySnapshot`: applying an
+update builds new arrays instead of writing into old ones, so a snapshot handed to a task on
+the same worker (no serialisation) never changes under it, and the last few versions stay
+available for Stellaris' importance-sampling truncation.
+
+Notes
+-----
+All methods are synchronous: Dask runs an actor's methods on one dedicated thread, so they
+never race with each other. Calls may arrive out of order; each push carries the version its
+learner pulled, which is all the strategy needs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from dask_rl.algos.optim import make_optimizer
+from dask_rl.models.normalizer import merge_moments
+from dask_rl.staleness import Arrival, Decision, make_strategy
+from dask_rl.types import PolicySnapshot
+
+logger = logging.getLogger(__name__)
+
+
+class ParameterActor:
+    """Parameters, optimizer, strategy and version of one trainer.
+
+    Parameters
+    ----------
+    params
+        Initial flat float32 parameters.
+    aggregation
+        The pipeline's ``aggregation`` config (strategy name, step size alpha0, ...).
+    obs_moments
+        Initial observation moments, when the policy normalises observations.
+    keep_versions
+        How many past versions to keep for IS truncation (0: only the current one).
+    optimizer
+        How aggregated gradients are applied: ``sgd`` (``theta -= alpha0 * g``) or ``adam``.
+    """
+
+    def __init__(self, params: np.ndarray, aggregation: Any, *,
+                 obs_moments: np.ndarray | None = None, keep_versions: int = 0,
+                 optimizer: str = "sgd"):
+        self.aggregation = aggregation
+        self.strategy = make_strategy(aggregation)
+        self.optimizer = make_optimizer(optimizer, len(params))
+        self.lr = float(aggregation.lr)
+        self.keep_versions = keep_versions
+        self.current = PolicySnapshot(0, np.array(params, np.float32), obs_moments)
+        self.opt_state: dict | None = None
+        self.history: OrderedDict[int, PolicySnapshot] = OrderedDict()
+        self.gradients: dict[int, tuple[np.ndarray, dict | None]] = {}
+        self.ids = itertools.count()
+        self.rejected = 0
+        self.apply_s = 0.0
+        self.pushes = 0
+        self.started = time.time()
+        self._remember(self.current)
+
+    # ---- calls from tasks --------------------------------------------------------------------
+    def pull(self, newer_than: int = -1, learner_id: str | None = None,
+             with_optimizer: bool = False) -> PolicySnapshot | None:
+        """The current snapshot, or ``None`` if the caller already holds ``newer_than``.
+
+        A learner passes its id: it is then active (a sync barrier waits for it) until it pushes
+        or is reported lost.
+        """
+        cur = self.current
+        if learner_id is not None:
+            self.strategy.on_learner_started(learner_id, cur.version)
+        if cur.version == newer_than:
+            return None
+        if with_optimizer:
+            return PolicySnapshot(cur.version, cur.params, cur.obs_moments, self.opt_state)
+        return cur
+
+    def push(self, gradient: np.ndarray, version: int, learner_id: str, *,
+             opt_state: dict | None = None, obs_moments: np.ndarray | None = None) -> dict:
+        """A learner's gradient, computed on ``version``. Returns what became of it."""
+        t0 = time.perf_counter()
+        self.pushes += 1
+        if obs_moments is not None and self.current.obs_moments is not None:
+            # Observation statistics describe data, not the gradient: always merge them.
+            self.current = PolicySnapshot(self.current.version, self.current.params,
+                                          merge_moments(self.current.obs_moments, obs_moments))
+        if gradient.shape != self.current.params.shape or not np.isfinite(gradient).all():
+            self.rejected += 1
+            logger.warning("rejected a gradient from %s: %s", learner_id,
+                           "wrong shape" if gradient.shape != self.current.params.shape
+                           else "NaN or inf values")
+            self._execute(self.strategy.on_learner_lost(learner_id))
+            return {"status": "rejected", "version": self.current.version}
+        gid = next(self.ids)
+        self.gradients[gid] = (gradient, opt_state)
+        staleness = self.strategy.version - version
+        decision = self.strategy.on_gradient(Arrival(gid, learner_id, version))
+        applied = self._execute(decision)
+        self.apply_s += time.perf_counter() - t0
+        if gid in applied:
+            status = "applied"
+        elif gid in decision.drop:
+            status = "dropped"
+        else:
+            status = "buffered"
+        return {"status": status, "staleness": staleness, "version": self.current.version}
+
+    def learner_lost(self, learner_id: str) -> int:
+        """The driver saw a learner task fail: release any barrier waiting for it."""
+        self._execute(self.strategy.on_learner_lost(learner_id))
+        return self.current.version
+
+    def round_end(self) -> int:
+        """The driver finished a training round."""
+        self._execute(self.strategy.on_round_end())
+        return self.current.version
+
+    def snapshot(self, version: int) -> PolicySnapshot | None:
+        """A recent version, if still kept."""
+        return self.history.get(version)
+
+    def active_policies(self, exclude: str | None = None) -> list[int]:
+        """Versions pulled by the learners active now (for IS truncation)."""
+        return sorted({v for lid, v in self.strategy.active.items() if lid != exclude})
+
+    def metrics(self) -> dict:
+        """Strategy counters plus the actor's own (time spent gating and applying)."""
+        m = self.strategy.metrics()
+        m.update({"gradients/rejected": self.rejected, "actor/apply_s": self.apply_s,
+                  "actor/pushes": self.pushes})
+        return m
+
+    def staleness_histogram(self) -> list[int]:
+        return self.strategy.stats.histogram.tolist()
+
+    # ---- checkpoint state --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to re-create this actor: arrays and JSON-ready scalars."""
+        cur = self.current
+        return {"params": cur.params, "version": cur.version, "obs_moments": cur.obs_moments,
+                "optimizer": self.optimizer.state_dict(), "learner_opt": self.opt_state,
+                "strategy": self.strategy.state_dict(), "rejected": self.rejected}
+
+    def load_state_dict(self, state: dict) -> int:
+        """Restore from :meth:`state_dict`; buffered gradients and active learners are gone."""
+        self.strategy.load_state_dict(state["strategy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.opt_state = state.get("learner_opt")
+        self.rejected = int(state.get("rejected", 0))
+        self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
+                                      state.get("obs_moments"))
+        if self.current.version != self.strategy.version:
+            raise ValueError(f"parameter version {self.current.version} does not match the "
+                             f"strategy's version {self.strategy.version}")
+        self.gradients.clear()
+        self.history.clear()
+        self._remember(self.current)
+        return self.current.version
+
+    # ---- executing decisions -----------------------------------------------------------------
+    def _execute(self, decision: Decision) -> set[int]:
+        for gid in decision.drop:
+            self.gradients.pop(gid, None)
+        if decision.wait:
+            return set()
+        cur = self.current
+        g = np.zeros_like(cur.params)
+        states = []
+        for gid, weight in decision.apply:
+            grad, opt_state = self.gradients.pop(gid)
+            g += np.float32(weight) * grad
+            if opt_state is not None:
+                states.append(opt_state)
+        params = cur.params.copy()
+        self.optimizer.step(params, g, self.lr)
+        if states:
+            self.opt_state = _mean_opt_state(states)
+        self.current = PolicySnapshot(cur.version + 1, params, cur.obs_moments)
+        assert self.current.version == self.strategy.version, "strategy and actor disagree"
+        self._remember(self.current)
+        return set(decision.ids)
+
+    def _remember(self, snap: PolicySnapshot) -> None:
+        self.history[snap.version] = snap
+        while len(self.history) > self.keep_versions + 1:
+            self.history.popitem(last=False)
+
+
+def _mean_opt_state(states: list[dict]) -> dict:
+    if len(states) == 1:
+        return states[0]
+    return {"m": np.mean([s["m"] for s in states], axis=0).astype(np.float32),
+            "v": np.mean([s["v"] for s in states], axis=0).astype(np.float32),
+            "t": int(round(np.mean([s["t"] for s in states])))}

@@ -1,0 +1,120 @@
+"""Worker plugins: per-worker state that outlives single tasks.
+
+:class:`RunState` is registered once per run and holds, on every worker, the live rollout
+environments (one :class:`~dask_rl.rollout.RolloutWorker` per rollout slot seen there, so
+episodes continue across tasks), the policy version each of them holds, and one learner per
+worker thread. It also pins torch to the worker's share of the cores and teaches
+``dask.sizeof`` the real size of torch tensors (FACTS.md: otherwise 80 bytes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+from distributed import WorkerPlugin, get_worker
+
+from dask_rl.config import PipelineConfig
+
+logger = logging.getLogger(__name__)
+
+
+def register_torch_sizeof() -> None:
+    """Make ``dask.sizeof`` count a tensor's bytes (idempotent)."""
+    import torch
+    from dask.sizeof import sizeof
+
+    if torch.Tensor not in sizeof._lookup:
+        @sizeof.register(torch.Tensor)
+        def _sizeof_tensor(t: torch.Tensor) -> int:
+            return int(t.element_size() * t.nelement()) + 64
+
+
+class RunState(WorkerPlugin):
+    """The worker side of one training run, found by tasks under ``name``."""
+
+    def __init__(self, name: str, cfg: PipelineConfig, *, torch_threads: int = 1):
+        self.name = name
+        self.cfg = cfg
+        self.torch_threads = torch_threads
+
+    def setup(self, worker: Any) -> None:
+        import torch
+
+        torch.set_num_threads(self.torch_threads)
+        register_torch_sizeof()
+        _warm_up_torch()
+        self.worker = worker
+        self.lock = threading.Lock()
+        self.rollout_workers: dict[int, Any] = {}
+        self.created: dict[int, int] = {}
+        self.learners: dict[int, Any] = {}
+        self.spaces = None
+
+    def teardown(self, worker: Any) -> None:
+        for rw in self.rollout_workers.values():
+            rw.close()
+        self.rollout_workers.clear()
+        self.learners.clear()
+
+    def rollout_worker(self, slot: int):
+        """The persistent environments of rollout slot ``slot`` on this worker."""
+        from dask_rl.rollout import RolloutWorker
+
+        with self.lock:
+            rw = self.rollout_workers.get(slot)
+            if rw is None:
+                n = self.created.get(slot, 0)
+                self.created[slot] = n + 1
+                # Seeds differ per run seed, slot, worker and re-creation, reproducibly.
+                seed = int(np.random.SeedSequence(
+                    [self.cfg.seed, slot, _worker_index(self.worker), n]).generate_state(1)[0])
+                rw = RolloutWorker(self.cfg, seed=seed, actor_id=slot)
+                self.rollout_workers[slot] = rw
+                self.spaces = (rw.env.single_observation_space, rw.env.single_action_space)
+            return rw
+
+    def learner(self):
+        """This thread's learner (networks are not shared between threads)."""
+        from dask_rl.envs import env_spaces
+        from dask_rl.learner import Learner
+
+        ident = threading.get_ident()
+        with self.lock:
+            ln = self.learners.get(ident)
+            if ln is None:
+                spaces = self.spaces or env_spaces(self.cfg.env)
+                self.spaces = spaces
+                ln = Learner(self.cfg, *spaces)
+                self.learners[ident] = ln
+            return ln
+
+
+def run_state(name: str) -> RunState:
+    """The :class:`RunState` of run ``name`` on the worker executing this task."""
+    worker = get_worker()
+    try:
+        return worker.plugins[name]
+    except KeyError:
+        raise RuntimeError(f"worker {worker.address} has no state for run {name!r} "
+                           "(was the run's worker plugin registered?)") from None
+
+
+def _worker_index(worker: Any) -> int:
+    name = worker.name
+    if isinstance(name, int):
+        return name
+    return int.from_bytes(str(name).encode()[-4:].rjust(4, b"\0"), "big")
+
+
+def _warm_up_torch() -> None:
+    """Torch's first optimizer imports ``torch._dynamo`` (~1.4 s): pay that at set-up, not in
+    the first learner task, where it would make that gradient a dozen versions stale."""
+    import torch
+
+    x = torch.zeros(2, requires_grad=True)
+    opt = torch.optim.Adam([x], foreach=True)
+    (x * 2).sum().backward()
+    opt.step()

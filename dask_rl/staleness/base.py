@@ -1,0 +1,192 @@
+"""The interface every aggregation strategy implements: a sans-IO state machine.
+
+Events go in — a learner started (and which version it pulled), a gradient arrived, a learner
+was lost, a training round ended — and :class:`Decision` s come out: which buffered gradients
+to combine into the next update and with which weights, which to drop, or nothing (wait). The
+parameter actor only stores the gradient arrays and executes decisions, so each strategy is
+driven in tests by scripted event sequences, without a cluster.
+
+The strategy owns the *version* (the number of updates applied so far): the staleness of a
+gradient is the version when it is used minus the version its learner pulled.
+
+Notes
+-----
+Subclass :class:`Strategy` and override the hooks; each returns a :class:`Decision`. Call
+:meth:`Strategy._aggregate` to emit an update (it bumps the version and records metrics) and
+:meth:`Strategy._drop` to discard gradients. ``synchronous = True`` tells the driver to gate
+rollouts on updates (a synchronous baseline); every other strategy lets rollouts run freely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+HIST_BINS = 32  # staleness histogram: 0..30 and ">= 31"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A gradient that reached the parameter actor."""
+
+    id: int            # the actor's key for the gradient array
+    learner_id: str
+    version: int       # the parameter version the learner pulled
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now: one update from ``apply`` (if any), and gradients to discard.
+
+    The update is ``g = sum_j weight_j * g_j`` over ``apply = ((id_j, weight_j), ...)``, applied
+    as ``theta -= alpha0 * g``. Weights include any averaging (1/H) and staleness scaling.
+    """
+
+    apply: tuple[tuple[int, float], ...] = ()
+    drop: tuple[int, ...] = ()
+
+    @property
+    def wait(self) -> bool:
+        return not self.apply
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(i for i, _ in self.apply)
+
+
+WAIT = Decision()
+
+
+@dataclass
+class StrategyStats:
+    """Counters every strategy keeps (reported in metrics and checkpointed)."""
+
+    arrived: int = 0
+    applied: int = 0
+    dropped: int = 0
+    updates: int = 0
+    lost_learners: int = 0
+    staleness_sum: float = 0.0
+    staleness_max: int = 0
+    histogram: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BINS, np.int64))
+
+    @property
+    def staleness_mean(self) -> float:
+        return self.staleness_sum / self.applied if self.applied else 0.0
+
+
+class Strategy:
+    """Base class: bookkeeping of active learners, the buffer and the version.
+
+    Examples
+    --------
+    >>> s = make_strategy(AsyncConfig())
+    >>> s.on_learner_started("L0", version=0)
+    >>> s.on_gradient(Arrival(id=0, learner_id="L0", version=0))
+    Decision(apply=((0, 1.0),), drop=())
+    """
+
+    name: ClassVar[str] = "base"
+    synchronous: ClassVar[bool] = False
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.version = 0
+        self.round = 0
+        self.active: dict[str, int] = {}      # learner id -> version it pulled
+        self.buffer: dict[int, Arrival] = {}  # gradient id -> arrival, in arrival order
+        self.stats = StrategyStats()
+        self.last_update: dict[str, Any] = {}
+
+    # ---- events ------------------------------------------------------------------------------
+    def on_learner_started(self, learner_id: str, version: int) -> None:
+        """A learner pulled ``version`` and is computing a gradient."""
+        self.active[learner_id] = version
+
+    def on_gradient(self, arrival: Arrival) -> Decision:
+        """A gradient arrived; its learner is finished."""
+        self.active.pop(arrival.learner_id, None)
+        self.stats.arrived += 1
+        self.buffer[arrival.id] = arrival
+        return self.decide()
+
+    def on_learner_lost(self, learner_id: str) -> Decision:
+        """A learner died without pushing; barriers must not wait for it."""
+        if self.active.pop(learner_id, None) is not None:
+            self.stats.lost_learners += 1
+        return self.decide()
+
+    def on_round_end(self) -> Decision:
+        """The driver finished a training round (one batch per rollout actor)."""
+        self.round += 1
+        return self.decide()
+
+    # ---- the decision rule -------------------------------------------------------------------
+    def decide(self) -> Decision:
+        """Look at the buffer and the active learners; subclasses implement the rule."""
+        raise NotImplementedError
+
+    # ---- helpers for subclasses --------------------------------------------------------------
+    def staleness(self, arrival: Arrival) -> int:
+        return self.version - arrival.version
+
+    def _aggregate(self, weights: dict[int, float], drop: tuple[int, ...] = (),
+                   **info: Any) -> Decision:
+        """Emit one update from ``weights`` (gradient id -> weight) and advance the version."""
+        stal = [self.staleness(self.buffer[i]) for i in weights]
+        for i in (*weights, *drop):
+            del self.buffer[i]
+        st = self.stats
+        st.applied += len(weights)
+        st.dropped += len(drop)
+        st.updates += 1
+        st.staleness_sum += float(sum(stal))
+        st.staleness_max = max([st.staleness_max, *stal])
+        np.add.at(st.histogram, np.minimum(stal, HIST_BINS - 1), 1)
+        self.last_update = {"staleness": stal, "weights": list(weights.values()), **info}
+        self.version += 1
+        return Decision(apply=tuple(weights.items()), drop=tuple(drop))
+
+    def _drop(self, ids: tuple[int, ...]) -> Decision:
+        for i in ids:
+            del self.buffer[i]
+        self.stats.dropped += len(ids)
+        return Decision(drop=tuple(ids))
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (JSON scalars and numpy arrays) restoring this strategy."""
+        st = dataclasses.asdict(self.stats)
+        return {"name": self.name, "version": self.version, "round": self.round,
+                "stats": {k: v for k, v in st.items() if k != "histogram"},
+                "histogram": self.stats.histogram.copy(), **self._extra_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"strategy state is for {state.get('name')!r}, not {self.name!r}")
+        self.version = int(state["version"])
+        self.round = int(state["round"])
+        self.stats = StrategyStats(**state["stats"],
+                                   histogram=np.asarray(state["histogram"], np.int64).copy())
+        # In-flight learners and buffered gradients died with the old actor.
+        self.active.clear()
+        self.buffer.clear()
+        self._load_extra_state(state)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        """Scalars for metrics.jsonl and the dashboard."""
+        st = self.stats
+        return {"staleness/mean": st.staleness_mean, "staleness/max": st.staleness_max,
+                "gradients/arrived": st.arrived, "gradients/applied": st.applied,
+                "gradients/dropped": st.dropped, "gradients/buffered": len(self.buffer),
+                "learners/active": len(self.active), "version": self.version,
+                "round": self.round}

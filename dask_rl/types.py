@@ -1,0 +1,87 @@
+"""Plain data passed between rollout tasks, learner tasks and the parameter actor.
+
+Trajectories are numpy arrays (time-major ``[T, N, ...]``) so that Dask sizes them exactly,
+moves them worker to worker without pickling overhead, and any learner can read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class Trajectory:
+    """``T`` steps of ``N`` environments collected by one rollout task.
+
+    With same-step autoreset, ``obs[t + 1]`` after a finished episode is the next episode's
+    first observation; the final observations of *truncated* episodes (needed to bootstrap
+    their value) are kept sparsely in ``trunc_index`` / ``trunc_obs``.
+    """
+
+    obs: np.ndarray             # [T, N, *obs_shape]
+    actions: np.ndarray         # [T, N, *action_shape]
+    rewards: np.ndarray         # [T, N] float32, raw (unclipped) env rewards
+    terminated: np.ndarray      # [T, N] bool
+    truncated: np.ndarray       # [T, N] bool
+    behaviour_logp: np.ndarray  # [T, N] float32, log mu(a|s) of the acting policy
+    last_obs: np.ndarray        # [N, *obs_shape], observation after the last step
+    trunc_index: np.ndarray     # [K, 2] int32, (t, n) of truncated steps
+    trunc_obs: np.ndarray       # [K, *obs_shape], their final observations
+    policy_version: int         # parameter version the acting policy had
+    episode_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    episode_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    actor_id: int = 0
+    obs_moments: np.ndarray | None = None  # count, mean, M2 of the raw observations
+    collect_s: float = 0.0                 # seconds the rollout took
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.rewards.shape[1])
+
+    @property
+    def env_steps(self) -> int:
+        return self.num_steps * self.num_envs
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self.__dict__.values() if isinstance(v, np.ndarray))
+
+    def __sizeof__(self) -> int:  # what dask.sizeof reports
+        return self.nbytes + 256
+
+
+@dataclass
+class LearnerResult:
+    """What a learner task hands to the parameter actor (``gradient``) and the driver."""
+
+    gradient: np.ndarray        # flat float32: theta_pulled - theta_after_local_update
+    version: int                # parameter version the learner pulled
+    stats: dict = field(default_factory=dict)
+    opt_state: dict | None = None  # the local Adam moments after the update
+
+    def __sizeof__(self) -> int:
+        extra = 0 if self.opt_state is None else 2 * self.gradient.nbytes
+        return self.gradient.nbytes + extra + 512
+
+
+
+@dataclass
+class PolicySnapshot:
+    """One version of the policy as the parameter actor hands it out."""
+
+    version: int
+    params: np.ndarray                      # flat float32 parameters
+    obs_moments: np.ndarray | None = None   # running observation statistics, if normalising
+    opt_state: dict | None = None           # learners' Adam moments {"m", "v", "t"}
+
+    def __sizeof__(self) -> int:
+        extra = self.obs_moments.nbytes if self.obs_moments is not None else 0
+        if self.opt_state is not None:
+            extra += self.opt_state["m"].nbytes + self.opt_state["v"].nbytes
+        return self.params.nbytes + extra + 128
