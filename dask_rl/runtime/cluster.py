@@ -35,7 +35,8 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
         silence_logs=logging.ERROR,
     )
     try:
-        with Client(cluster) as client:
+        # Results and actor calls go straight to the workers of a local cluster.
+        with Client(cluster, direct_to_workers=True) as client:
             yield client
     finally:
         cluster.close()

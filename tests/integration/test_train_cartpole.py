@@ -1,0 +1,62 @@
+"""End to end: PPO solves CartPole on Dask, from the CLI and from Python."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import dask_rl
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _check_solved(summary):
+    assert summary["solved"] is True, summary
+    assert summary["final_return"] >= 475
+    assert summary["env_steps"] <= 300_000
+    assert summary["algorithm"] == "ppo" and summary["env_id"] == "CartPole-v1"
+    for key in ("updates", "wall_s", "best_return", "stop_reason", "staleness_mean",
+                "staleness_max", "recoveries"):
+        assert key in summary
+
+
+def test_cli_main_job_solves_cartpole(pipelines, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_rl.cli", "train", str(pipelines / "ppo_cartpole.yaml"),
+         "--run-dir", str(run_dir), "--set", "cluster.dashboard=false", "--no-progress"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    _check_solved(summary)
+    assert summary["stop_reason"] == "solved"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in records}
+    assert {"run", "learner", "eval", "checkpoint"} <= kinds
+    assert (run_dir / "checkpoints" / "latest").exists()
+    # the saved policy evaluates as well from the command line
+    ev = subprocess.run([sys.executable, "-m", "dask_rl.cli", "evaluate", str(run_dir),
+                         "--episodes", "5"], capture_output=True, text=True, timeout=120)
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout)["mean_return"] >= 400
+
+
+def test_python_api_on_a_users_cluster(local_client, pipelines, tmp_path):
+    result = dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client,
+                           run_dir=tmp_path / "api")
+    _check_solved(result.summary)
+    assert result.run_dir == tmp_path / "api"
+    assert json.loads((tmp_path / "api" / "summary.json").read_text()) == result.summary
+    # the user's cluster is still there and clean after the run
+    assert len(local_client.scheduler_info()["workers"]) == 2
+
+
+def test_bad_input_exits_2_before_a_cluster_starts(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner:\n  max_learners: 0\n")
+    proc = subprocess.run([sys.executable, "-m", "dask_rl.cli", "train", str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("dask-rl: error: learner.max_learners: must be >= 1, got 0")
