@@ -31,6 +31,8 @@ from dask_rl.envs import env_spaces, reward_threshold
 from dask_rl.metrics import MetricsLog
 from dask_rl.models import get_flat, make_model
 from dask_rl.models.normalizer import empty_moments
+from dask_rl.runtime.cluster import place_slots
+from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.parameter_actor import ParameterActor
 from dask_rl.runtime.plugins import RunState, register_torch_sizeof
 from dask_rl.runtime.tasks import evaluate_task, learner_task, rollout_task
@@ -121,13 +123,14 @@ class Driver:
         self._check_resources()
         self.client.register_plugin(RunState(self.run_name, cfg), name=self.run_name)
         keep = 4 * cfg.learner.max_learners if cfg.learner.is_truncation else 0
-        self.actor = self.client.submit(
+        self.actor = ActorHandle(self.client.submit(
             ParameterActor, params, cfg.aggregation, obs_moments=moments, keep_versions=keep,
-            actor=True, pure=False, key=f"parameter-actor-{self.run_name}").result()
+            actor=True, pure=False, key=f"parameter-actor-{self.run_name}").result())
         if self.resume:
             self._restore()
         threads = sum(self.client.nthreads().values())
         self.num_actors = cfg.rollout.num_actors or threads
+        self.slot_workers = place_slots(self.client, self.num_actors)
         logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
                     self.run_name, self.num_actors, cfg.learner.max_learners, threads,
                     cfg.aggregation.strategy)
@@ -149,7 +152,7 @@ class Driver:
         state, meta, name = self.store.load_latest_good(
             expect={"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
                     "num_params": self.num_params})
-        self.actor.load_state_dict(state["actor"]).result()
+        self.actor.call("load_state_dict", state["actor"])
         d = state["driver"]
         self.env_steps = self.env_steps_learned = int(d["env_steps"])
         self.updates = int(state["actor"]["version"])
@@ -241,7 +244,7 @@ class Driver:
         if task.kind == "rollout":
             self.idle_slots.append(task.slot)
         elif task.kind == "learner":
-            self.actor.learner_lost(task.learner_id)
+            self.actor.submit("learner_lost", task.learner_id)
 
     # ---- launching -----------------------------------------------------------------------------
     def _refill(self) -> None:
@@ -261,8 +264,10 @@ class Driver:
 
     def _submit_rollout(self, slot: int) -> None:
         self.rollout_seq += 1
+        where = self.slot_workers.get(slot)
         fut = self.client.submit(rollout_task, self.run_name, slot, self.actor, pure=False,
-                                 key=f"rollout-{slot}-{self.rollout_seq}-{self.run_name}")
+                                 key=f"rollout-{slot}-{self.rollout_seq}-{self.run_name}",
+                                 workers=[where] if where else None, allow_other_workers=True)
         self.inflight[fut] = _Task("rollout", slot=slot)
 
     def _launch_learners(self) -> None:
@@ -300,7 +305,7 @@ class Driver:
         self.returns.extend(returns)
         self.episodes += len(returns)
         if self.learner_seq % self.num_actors == 0:
-            self.actor.round_end()
+            self.actor.submit("round_end")
         record = {
             "env_steps": self.env_steps, "env_steps_learned": self.env_steps_learned,
             "updates": self.updates, "wall_s": self.elapsed(),
@@ -364,7 +369,7 @@ class Driver:
     def checkpoint(self) -> str:
         """Write the actor's and the driver's state as one checkpoint now."""
         t0 = time.perf_counter()
-        actor_state = self.actor.state_dict().result()
+        actor_state = self.actor.call("state_dict")
         driver = {"env_steps": self.env_steps_learned, "learner_seq": self.learner_seq,
                   "rollout_seq": self.rollout_seq, "evals": self.evals,
                   "wall_s": self.elapsed(), "best_return": self.best_return,
@@ -394,7 +399,7 @@ class Driver:
         if self.stop_reason != "solved" or final is None:
             final = self._submit_eval().result()
             self._on_eval(final)
-        actor_metrics = self.actor.metrics().result()
+        actor_metrics = self.actor.call("metrics")
         self.checkpoint()
         wall = self.elapsed()
         threads = sum(self.client.nthreads().values())

@@ -12,15 +12,18 @@ available for Stellaris' importance-sampling truncation.
 
 Notes
 -----
-All methods are synchronous: Dask runs an actor's methods on one dedicated thread, so they
-never race with each other. Calls may arrive out of order; each push carries the version its
-learner pulled, which is all the strategy needs.
+Dask runs an actor's methods on one dedicated thread; tasks on the actor's own worker call it
+in-process through :class:`ActorHandle` instead of a loop-back RPC, so every public method holds
+``self.lock``. Calls may arrive out of order; each push carries the version its learner pulled,
+which is all the strategy needs.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -33,6 +36,14 @@ from dask_rl.staleness import Arrival, Decision, make_strategy
 from dask_rl.types import PolicySnapshot
 
 logger = logging.getLogger(__name__)
+
+
+def _locked(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 class ParameterActor:
@@ -55,6 +66,7 @@ class ParameterActor:
     def __init__(self, params: np.ndarray, aggregation: Any, *,
                  obs_moments: np.ndarray | None = None, keep_versions: int = 0,
                  optimizer: str = "sgd"):
+        self.lock = threading.RLock()
         self.aggregation = aggregation
         self.strategy = make_strategy(aggregation)
         self.optimizer = make_optimizer(optimizer, len(params))
@@ -72,6 +84,7 @@ class ParameterActor:
         self._remember(self.current)
 
     # ---- calls from tasks --------------------------------------------------------------------
+    @_locked
     def pull(self, newer_than: int = -1, learner_id: str | None = None,
              with_optimizer: bool = False) -> PolicySnapshot | None:
         """The current snapshot, or ``None`` if the caller already holds ``newer_than``.
@@ -88,6 +101,7 @@ class ParameterActor:
             return PolicySnapshot(cur.version, cur.params, cur.obs_moments, self.opt_state)
         return cur
 
+    @_locked
     def push(self, gradient: np.ndarray, version: int, learner_id: str, *,
              opt_state: dict | None = None, obs_moments: np.ndarray | None = None) -> dict:
         """A learner's gradient, computed on ``version``. Returns what became of it."""
@@ -118,24 +132,29 @@ class ParameterActor:
             status = "buffered"
         return {"status": status, "staleness": staleness, "version": self.current.version}
 
+    @_locked
     def learner_lost(self, learner_id: str) -> int:
         """The driver saw a learner task fail: release any barrier waiting for it."""
         self._execute(self.strategy.on_learner_lost(learner_id))
         return self.current.version
 
+    @_locked
     def round_end(self) -> int:
         """The driver finished a training round."""
         self._execute(self.strategy.on_round_end())
         return self.current.version
 
+    @_locked
     def snapshot(self, version: int) -> PolicySnapshot | None:
         """A recent version, if still kept."""
         return self.history.get(version)
 
+    @_locked
     def active_policies(self, exclude: str | None = None) -> list[int]:
         """Versions pulled by the learners active now (for IS truncation)."""
         return sorted({v for lid, v in self.strategy.active.items() if lid != exclude})
 
+    @_locked
     def metrics(self) -> dict:
         """Strategy counters plus the actor's own (time spent gating and applying)."""
         m = self.strategy.metrics()
@@ -143,10 +162,12 @@ class ParameterActor:
                   "actor/pushes": self.pushes})
         return m
 
+    @_locked
     def staleness_histogram(self) -> list[int]:
         return self.strategy.stats.histogram.tolist()
 
     # ---- checkpoint state --------------------------------------------------------------------
+    @_locked
     def state_dict(self) -> dict:
         """Everything needed to re-create this actor: arrays and JSON-ready scalars."""
         cur = self.current
@@ -154,6 +175,7 @@ class ParameterActor:
                 "optimizer": self.optimizer.state_dict(), "learner_opt": self.opt_state,
                 "strategy": self.strategy.state_dict(), "rejected": self.rejected}
 
+    @_locked
     def load_state_dict(self, state: dict) -> int:
         """Restore from :meth:`state_dict`; buffered gradients and active learners are gone."""
         self.strategy.load_state_dict(state["strategy"])

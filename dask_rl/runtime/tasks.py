@@ -1,7 +1,7 @@
 """The functions Dask runs on workers: rollout, learner and evaluation tasks.
 
-Each takes the run's name (to find its :class:`~dask_rl.runtime.plugins.RunState`) and a handle
-of the parameter actor, and talks to the actor itself: a Future passed to an actor method would
+Each takes the run's name (to find its :class:`~dask_rl.runtime.plugins.RunState`) and an
+:class:`~dask_rl.runtime.handle.ActorHandle` of the parameter actor, and talks to the actor itself: a Future passed to an actor method would
 arrive unusable (FACTS.md), so tasks, not the driver, carry data to the actor. A rollout task's
 result (a trajectory) stays in its worker's memory; the learner task that consumes it is
 scheduled next to it or receives it worker-to-worker.
@@ -20,7 +20,7 @@ def rollout_task(run: str, slot: int, actor: Any) -> Trajectory:
     """Collect ``rollout.steps`` steps on slot ``slot``'s environments with the newest policy."""
     state = run_state(run)
     rw = state.rollout_worker(slot)
-    snapshot = actor.pull(newer_than=rw.version).result()
+    snapshot = actor.call("pull", newer_than=rw.version)
     if snapshot is not None:
         rw.load(snapshot)
     return rw.collect(state.cfg.rollout.steps)
@@ -32,17 +32,17 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     t0 = time.perf_counter()
     state = run_state(run)
     learner = state.learner()
-    snapshot = actor.pull(learner_id=learner_id, with_optimizer=True).result()
+    snapshot = actor.call("pull", learner_id=learner_id, with_optimizer=True)
     cross = None
     if state.cfg.learner.is_truncation:
-        versions = actor.active_policies(exclude=learner_id).result()
-        cross = [s for s in (actor.snapshot(v).result() for v in versions
+        versions = actor.call("active_policies", exclude=learner_id)
+        cross = [s for s in (actor.call("snapshot", v) for v in versions
                              if v != snapshot.version) if s is not None]
     t_pulled = time.perf_counter()
     result = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross)
     t_learned = time.perf_counter()
-    ack = actor.push(result.gradient, result.version, learner_id, opt_state=result.opt_state,
-                     obs_moments=traj.obs_moments).result()
+    ack = actor.call("push", result.gradient, result.version, learner_id,
+                     opt_state=result.opt_state, obs_moments=traj.obs_moments)
     t_pushed = time.perf_counter()
     stats = dict(result.stats)
     stats.update({
@@ -65,6 +65,6 @@ def evaluate_task(run: str, actor: Any, episodes: int, seed: int) -> dict:
     from dask_rl.rollout import evaluate
 
     state = run_state(run)
-    snapshot = actor.pull().result()
+    snapshot = actor.call("pull")
     return evaluate(state.cfg, snapshot, episodes=episodes, seed=seed)
 

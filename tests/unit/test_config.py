@@ -109,3 +109,13 @@ def test_describe_documents_every_field():
     keys = {k for k, _, _ in rows}
     assert "learner.lr" in keys and "algo.clip_coef" in keys and "aggregation.strategy" in keys
     assert all(doc for _, _, doc in rows), [k for k, _, d in rows if not d]
+
+
+def test_docs_config_reference_is_current():
+    from pathlib import Path
+
+    from dask_rl.config import reference_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+    assert doc.read_text() == reference_markdown(), \
+        "docs/config.md is stale: run python -m dask_rl.config > docs/config.md"
