@@ -117,7 +117,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from None
     cfg = from_dict(meta["config"])
     actor = state["actor"]
-    snapshot = PolicySnapshot(int(actor["version"]), actor["params"], actor.get("obs_moments"))
+    snapshot = PolicySnapshot(int(actor["version"]), actor["params"], actor.get("moments"))
     result = evaluate(cfg, snapshot, episodes=args.episodes, seed=args.seed)
     result.update({"checkpoint": name, "env_id": cfg.env.id, "algorithm": cfg.algo.name,
                    "env_steps": meta.get("env_steps")})

@@ -67,7 +67,9 @@ class EnvConfig:
     noop_max: int = option(30, "Atari only: random no-ops at reset", ge=0)
     episodic_life: bool = option(True, "Atari only: a lost life ends the training episode")
     clip_rewards: bool = option(True, "Atari only: the loss sees sign(reward)")
-    normalize_obs: bool = option(False, "keep running mean/std of observations (MuJoCo)")
+    normalize_obs: bool = option(False, "normalise observations by their running mean/std")
+    normalize_reward: bool = option(False, "scale rewards by the running std of discounted "
+                                           "returns, clipped to +-10 (MuJoCo)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +150,36 @@ class AsyncConfig:
     lr: float = option(1.0, "server step size alpha0", gt=0)
 
 
-AggregationConfig = Union[SyncConfig, AsyncConfig]
+@dataclass(frozen=True, kw_only=True)
+class SSPConfig:
+    strategy: Literal["ssp"] = option("ssp", "stale-synchronous parallel: updates wait so that "
+                                             "no learner falls more than `bound` versions "
+                                             "behind")
+    lr: float = option(1.0, "server step size alpha0", gt=0)
+    bound: int = option(3, "staleness bound s", ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoftsyncConfig:
+    strategy: Literal["softsync"] = option("softsync", "n-softsync: update every "
+                                                       "floor(learners / n) gradients, step "
+                                                       "alpha0 / mean staleness")
+    lr: float = option(1.0, "server step size alpha0", gt=0)
+    n: int = option(2, "the n of n-softsync", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StellarisConfig:
+    strategy: Literal["stellaris"] = option("stellaris", "Stellaris: dynamic staleness "
+                                                         "threshold, staleness-scaled steps")
+    lr: float = option(1.0, "server step size alpha0", gt=0)
+    decay: float | Literal["auto"] = option(0.96, "threshold decay d per round "
+                                                  "(beta_k = delta_max d^k), or auto",
+                                            gt=0, le=1)
+    smoothness: float = option(3.0, "v in the step alpha0 / delta^(1/v)", gt=0)
+
+
+AggregationConfig = Union[SyncConfig, AsyncConfig, SSPConfig, SoftsyncConfig, StellarisConfig]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -347,7 +378,13 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1:
             return _coerce(rest[0], value, path)
-        raise TypeError(f"unsupported union {tp}")  # a bug in this module, not in a pipeline
+        for option_type in rest:  # the first type that accepts the value
+            try:
+                return _coerce(option_type, value, path)
+            except ConfigError:
+                continue
+        wanted = " or ".join(_describe_type(a) for a in rest)
+        raise ConfigError(f"{path}: expected {wanted}, got {_show(value)}")
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{path}: must be one of {', '.join(map(str, args))}, "
@@ -385,6 +422,13 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         item = args[0]
         return tuple(_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value))
     raise TypeError(f"unsupported field type {tp}")
+
+
+def _describe_type(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
 
 
 def _number(value: Any) -> float | int | None:

@@ -23,41 +23,61 @@ import torch
 from gymnasium import spaces
 
 from dask_rl.algos import get_algorithm
+from dask_rl.algos.optim import Adam
 from dask_rl.config import PipelineConfig
 from dask_rl.envs import is_atari
-from dask_rl.models import get_flat, load_snapshot, make_model, resolve_device
+from dask_rl.models import flatten_, load_snapshot, make_model, resolve_device
+from dask_rl.models.normalizer import mean_var
 from dask_rl.types import LearnerResult, PolicySnapshot, Trajectory
 
 
 class Learner:
-    """Computes updates for one pipeline; keeps its network between calls (cheap reuse)."""
+    """Computes updates for one pipeline; keeps its network between calls (cheap reuse).
+
+    The network's parameters live in one flat buffer (:func:`~dask_rl.models.flatten_`), so
+    loading a version, clipping the global gradient norm, the Adam step and reading the update
+    out are single vector operations, on CPU or GPU alike.
+    """
 
     def __init__(self, cfg: PipelineConfig, obs_space: spaces.Space, action_space: spaces.Space,
                  *, device: str | torch.device | None = None):
         self.cfg = cfg
-        self.device = resolve_device(device or cfg.learner.device) if not isinstance(
-            device, torch.device) else device
+        self.device = device if isinstance(device, torch.device) else resolve_device(
+            device or cfg.learner.device)
         self.algo = get_algorithm(cfg.algo.name)
         self.model = make_model(obs_space, action_space, cfg.model,
                                 normalize_obs=cfg.env.normalize_obs).to(self.device)
+        self.flat, self.grad = flatten_(self.model)
         self.clip_rewards = is_atari(cfg.env.id) and cfg.env.clip_rewards
+
+    def rewards(self, traj: Trajectory, snapshot: PolicySnapshot) -> np.ndarray:
+        """The rewards the loss sees: sign-clipped (Atari) or scaled by the running std of
+        discounted returns (``env.normalize_reward``), else raw."""
+        rewards = traj.rewards.astype(np.float32)
+        if self.clip_rewards:
+            return np.sign(rewards)
+        if self.cfg.env.normalize_reward and snapshot.moments and "return" in snapshot.moments:
+            _, var = mean_var(snapshot.moments["return"])
+            return np.clip(rewards / np.sqrt(var[0] + 1e-8), -10, 10).astype(np.float32)
+        return rewards
 
     def update(self, snapshot: PolicySnapshot, traj: Trajectory, *, lr: float,
                seed: int, cross_policies: list[PolicySnapshot] | None = None) -> LearnerResult:
         """Local epochs on ``traj`` from ``snapshot``; returns the update as a gradient."""
         t0 = time.perf_counter()
         cfg, lcfg = self.cfg, self.cfg.learner
-        model = self.model
+        model, flat, grad = self.model, self.flat, self.grad
         load_snapshot(model, snapshot)
         batch = self.algo.prepare(traj, model, cfg.algo, device=self.device,
-                                  clip_rewards=self.clip_rewards)
+                                  rewards=self.rewards(traj, snapshot))
         if cross_policies:
             batch["cross_ratio_min"] = self._cross_ratio_min(batch, cross_policies)
             load_snapshot(model, snapshot)
         model.train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=lcfg.adam_eps, foreach=True)
+        optimizer = Adam(flat, eps=lcfg.adam_eps)
         if snapshot.opt_state is not None:
-            load_adam_state(optimizer, model, snapshot.opt_state)
+            optimizer.load_state_dict({k: torch.as_tensor(v).to(self.device)
+                                       if k != "t" else v for k, v in snapshot.opt_state.items()})
         generator = torch.Generator().manual_seed(seed)
         size = len(batch["advantages"])
         mb_size = size // lcfg.minibatches
@@ -70,27 +90,29 @@ class Learner:
                 idx = perm[k * mb_size:(k + 1) * mb_size]
                 mb = {key: value[idx] for key, value in batch.items()}
                 loss, stats = self.algo.loss(model, mb, cfg.algo, is_rho=lcfg.is_rho)
-                optimizer.zero_grad(set_to_none=True)
+                grad.zero_()
                 loss.backward()
                 if lcfg.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), lcfg.max_grad_norm)
-                optimizer.step()
+                    clip_grad_norm(grad, lcfg.max_grad_norm)
+                with torch.no_grad():
+                    optimizer.step(flat, grad, lr)
                 epoch_stats.append(stats)
             epochs_run += 1
             target_kl = getattr(cfg.algo, "target_kl", None)
             if target_kl is not None and np.mean(
                     [s["losses/approx_kl"] for s in epoch_stats]) > target_kl:
                 break
-        gradient = snapshot.params - get_flat(model)
+        gradient = snapshot.params - flat.detach().cpu().numpy()
         stats = {k: float(np.mean([s[k] for s in epoch_stats])) for k in epoch_stats[0]}
         stats.update(_explained_variance(batch))
         stats["learner/epochs"] = epochs_run
         stats["learner/samples"] = size
         stats["learner/time_s"] = time.perf_counter() - t0
         stats["learner/update_norm"] = float(np.linalg.norm(gradient))
+        opt_state = {"m": optimizer.m.cpu().numpy().copy(), "v": optimizer.v.cpu().numpy().copy(),
+                     "t": optimizer.t}
         return LearnerResult(gradient=gradient.astype(np.float32, copy=False),
-                             version=snapshot.version, stats=stats,
-                             opt_state=dump_adam_state(optimizer, model))
+                             version=snapshot.version, stats=stats, opt_state=opt_state)
 
     @torch.no_grad()
     def _cross_ratio_min(self, batch: dict, policies: list[PolicySnapshot]) -> torch.Tensor:
@@ -104,6 +126,15 @@ class Learner:
         return torch.stack(ratios).min(0).values
 
 
+def clip_grad_norm(grad: torch.Tensor, max_norm: float) -> float:
+    """Scale a flat gradient to global norm ``max_norm`` if larger (as clip_grad_norm_)."""
+    norm = float(grad.norm())
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1:
+        grad.mul_(coef)
+    return norm
+
+
 def _explained_variance(batch: dict) -> dict:
     y_true = batch["returns"]
     var = y_true.var()
@@ -111,35 +142,3 @@ def _explained_variance(batch: dict) -> dict:
         return {"losses/explained_variance": float("nan")}
     ev = 1 - (y_true - batch["values"]).var() / var
     return {"losses/explained_variance": float(ev)}
-
-
-def dump_adam_state(optimizer: torch.optim.Adam, model: torch.nn.Module) -> dict:
-    """Adam's moments as flat float32 vectors aligned with :func:`~dask_rl.models.get_flat`."""
-    m, v, t = [], [], 0
-    for p in model.parameters():
-        st = optimizer.state.get(p)
-        if not st:
-            m.append(torch.zeros(p.numel()))
-            v.append(torch.zeros(p.numel()))
-            continue
-        m.append(st["exp_avg"].detach().reshape(-1).cpu())
-        v.append(st["exp_avg_sq"].detach().reshape(-1).cpu())
-        t = int(st["step"])
-    return {"m": torch.cat(m).numpy(), "v": torch.cat(v).numpy(), "t": t}
-
-
-def load_adam_state(optimizer: torch.optim.Adam, model: torch.nn.Module, state: dict) -> None:
-    """Set Adam's moments (and step count) from flat vectors made by :func:`dump_adam_state`."""
-    if state["t"] == 0:
-        return
-    m = torch.as_tensor(state["m"])
-    v = torch.as_tensor(state["v"])
-    offset = 0
-    for p in model.parameters():
-        k = p.numel()
-        optimizer.state[p] = {
-            "step": torch.tensor(float(state["t"])),
-            "exp_avg": m[offset:offset + k].view_as(p).to(p.device, copy=True),
-            "exp_avg_sq": v[offset:offset + k].view_as(p).to(p.device, copy=True),
-        }
-        offset += k

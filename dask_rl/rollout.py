@@ -40,6 +40,7 @@ class RolloutWorker:
         self.model.eval()
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
+        self.discounted = np.zeros(self.env.num_envs)  # running returns, for reward scaling
         space = self.env.single_action_space
         self._bounds = (space.low, space.high) if isinstance(space, spaces.Box) else None
 
@@ -61,6 +62,8 @@ class RolloutWorker:
         truncated = np.empty((T, N), bool)
         logp = np.empty((T, N), np.float32)
         trunc_index, trunc_obs, returns, lengths = [], [], [], []
+        scale_rewards = self.cfg.env.normalize_reward
+        discounted = np.empty((T, N)) if scale_rewards else None
         for t in range(T):
             obs_buf[t] = self.obs
             action, log_prob = self.model.act(torch.as_tensor(self.obs), generator=self.generator)
@@ -69,6 +72,10 @@ class RolloutWorker:
             logp[t] = log_prob.numpy()
             env_action = action if self._bounds is None else np.clip(action, *self._bounds)
             self.obs, rewards[t], terminated[t], truncated[t], info = self.env.step(env_action)
+            if scale_rewards:
+                self.discounted = self.discounted * self.cfg.algo.gamma + rewards[t]
+                discounted[t] = self.discounted
+                self.discounted[terminated[t] | truncated[t]] = 0.0
             cut = truncated[t] & ~terminated[t]
             if cut.any():
                 for n in np.flatnonzero(cut):
@@ -87,9 +94,17 @@ class RolloutWorker:
             episode_returns=np.concatenate(returns) if returns else np.zeros(0),
             episode_lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
             actor_id=self.actor_id,
-            obs_moments=batch_moments(obs_buf) if self.cfg.env.normalize_obs else None,
+            moments=self._moments(obs_buf, discounted),
             collect_s=time.perf_counter() - t0,
         )
+
+    def _moments(self, obs: np.ndarray, discounted: np.ndarray | None) -> dict | None:
+        moments = {}
+        if self.cfg.env.normalize_obs:
+            moments["obs"] = batch_moments(obs.reshape(obs.shape[0] * obs.shape[1], -1))
+        if discounted is not None:
+            moments["return"] = batch_moments(discounted.reshape(-1, 1))
+        return moments or None
 
     def close(self) -> None:
         self.env.close()

@@ -33,7 +33,7 @@ class Trajectory:
     episode_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
     episode_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     actor_id: int = 0
-    obs_moments: np.ndarray | None = None  # count, mean, M2 of the raw observations
+    moments: dict | None = None            # running statistics seen: {"obs": ..., "return": ...}
     collect_s: float = 0.0                 # seconds the rollout took
 
     @property
@@ -50,7 +50,8 @@ class Trajectory:
 
     @property
     def nbytes(self) -> int:
-        return sum(v.nbytes for v in self.__dict__.values() if isinstance(v, np.ndarray))
+        arrays = [v for v in self.__dict__.values() if isinstance(v, np.ndarray)]
+        return sum(a.nbytes for a in arrays) + sum(m.nbytes for m in (self.moments or {}).values())
 
     def __sizeof__(self) -> int:  # what dask.sizeof reports
         return self.nbytes + 256
@@ -77,11 +78,11 @@ class PolicySnapshot:
 
     version: int
     params: np.ndarray                      # flat float32 parameters
-    obs_moments: np.ndarray | None = None   # running observation statistics, if normalising
+    moments: dict | None = None             # running statistics {"obs": ..., "return": ...}
     opt_state: dict | None = None           # learners' Adam moments {"m", "v", "t"}
 
     def __sizeof__(self) -> int:
-        extra = self.obs_moments.nbytes if self.obs_moments is not None else 0
+        extra = sum(m.nbytes for m in (self.moments or {}).values())
         if self.opt_state is not None:
             extra += self.opt_state["m"].nbytes + self.opt_state["v"].nbytes
         return self.params.nbytes + extra + 128

@@ -99,8 +99,11 @@ def truncated_ratio(ratio: torch.Tensor, cross_ratio_min: torch.Tensor | None,
 
 @torch.no_grad()
 def prepare(traj: Trajectory, model: torch.nn.Module, cfg: PPOConfig, *, device: torch.device,
-            clip_rewards: bool = False, normalizer=None) -> Batch:
-    """Flatten a trajectory into a training batch with GAE advantages and returns."""
+            rewards: np.ndarray | None = None) -> Batch:
+    """Flatten a trajectory into a training batch with GAE advantages and returns.
+
+    ``rewards`` replaces ``traj.rewards`` (the learner passes clipped or scaled ones).
+    """
     T, N = traj.num_steps, traj.num_envs
     obs = torch.as_tensor(traj.obs, device=device)
     flat_obs = obs.reshape(T * N, *obs.shape[2:])
@@ -111,9 +114,7 @@ def prepare(traj: Trajectory, model: torch.nn.Module, cfg: PPOConfig, *, device:
     values = model.value(flat_obs).reshape(T, N).cpu().numpy()
     tail_values = model.value(tail_obs).cpu().numpy()
     last_value, trunc_values = tail_values[:N], tail_values[N:]
-    rewards = traj.rewards.astype(np.float32)
-    if clip_rewards:
-        rewards = np.sign(rewards)
+    rewards = traj.rewards.astype(np.float32) if rewards is None else rewards
     nv = next_values(values, last_value, traj.terminated, traj.truncated, traj.trunc_index,
                      trunc_values)
     episode_end = traj.terminated | traj.truncated

@@ -17,7 +17,7 @@ from dask_rl.types import PolicySnapshot
 from dask_rl.models.actor_critic import ActorCritic, NatureCNNActorCritic
 
 __all__ = ["ActorCritic", "NatureCNNActorCritic", "make_model", "get_flat", "set_flat",
-           "num_parameters", "load_snapshot", "resolve_device"]
+           "num_parameters", "load_snapshot", "resolve_device", "flatten_"]
 
 
 def make_model(obs_space: spaces.Space, action_space: spaces.Space, cfg: ModelConfig,
@@ -64,6 +64,28 @@ def set_flat(model: nn.Module, flat: np.ndarray) -> None:
             offset += k
 
 
+def flatten_(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-home all parameters, and their gradients, in two flat buffers: ``(params, grads)``.
+
+    Afterwards each parameter is a view into ``params`` and its ``.grad`` a view into
+    ``grads`` (backward accumulates into existing gradients in place), so optimizers and
+    gradient clipping work on one vector. Call it after moving the model to its device, and
+    zero ``grads`` instead of setting gradients to None.
+    """
+    ps = list(model.parameters())
+    n = sum(p.numel() for p in ps)
+    flat = torch.empty(n, dtype=ps[0].dtype, device=ps[0].device)
+    grads = torch.zeros_like(flat)
+    offset = 0
+    for p in ps:
+        k = p.numel()
+        flat[offset:offset + k].copy_(p.detach().reshape(-1))
+        p.data = flat[offset:offset + k].view_as(p)
+        p.grad = grads[offset:offset + k].view_as(p)
+        offset += k
+    return flat, grads
+
+
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -72,8 +94,8 @@ def load_snapshot(model: nn.Module, snapshot: PolicySnapshot) -> None:
     """Load a parameter actor's snapshot (parameters and observation statistics)."""
     set_flat(model, snapshot.params)
     norm = getattr(model, "obs_norm", None)
-    if norm is not None and snapshot.obs_moments is not None:
-        norm.set_moments(snapshot.obs_moments)
+    if norm is not None and snapshot.moments and "obs" in snapshot.moments:
+        norm.set_moments(snapshot.moments["obs"])
 
 
 def resolve_device(device: str) -> torch.device:

@@ -89,6 +89,7 @@ class Driver:
         self.best_return: float | None = None
         self.last_eval: dict | None = None
         self.recoveries = 0
+        self.learners_done = 0
         # live state
         self.inflight: dict[Future, _Task] = {}
         self.ready: collections.deque[Future] = collections.deque()
@@ -119,18 +120,24 @@ class Driver:
                            normalize_obs=cfg.env.normalize_obs, seed=cfg.seed)
         params = get_flat(model)
         self.num_params = len(params)
-        moments = empty_moments(int(np.prod(obs_space.shape))) if cfg.env.normalize_obs else None
+        moments = {}
+        if cfg.env.normalize_obs:
+            moments["obs"] = empty_moments(int(np.prod(obs_space.shape)))
+        if cfg.env.normalize_reward:
+            moments["return"] = empty_moments(1)
         self._check_resources()
         self.client.register_plugin(RunState(self.run_name, cfg), name=self.run_name)
         keep = 4 * cfg.learner.max_learners if cfg.learner.is_truncation else 0
         self.actor = ActorHandle(self.client.submit(
-            ParameterActor, params, cfg.aggregation, obs_moments=moments, keep_versions=keep,
-            actor=True, pure=False, key=f"parameter-actor-{self.run_name}").result())
+            ParameterActor, params, cfg.aggregation, moments=moments, keep_versions=keep,
+            learners=cfg.learner.max_learners, actor=True, pure=False,
+            key=f"parameter-actor-{self.run_name}").result())
         if self.resume:
             self._restore()
         threads = sum(self.client.nthreads().values())
         self.num_actors = cfg.rollout.num_actors or threads
         self.slot_workers = place_slots(self.client, self.num_actors)
+        self.last_rescale = time.time()
         logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
                     self.run_name, self.num_actors, cfg.learner.max_learners, threads,
                     cfg.aggregation.strategy)
@@ -184,6 +191,7 @@ class Driver:
                 for fut in self._wait_some(0.5):
                     self._handle(fut, self.inflight.pop(fut))
                 self._check_stop()
+                self._rescale()
                 self._refill()
                 self._maybe_evaluate()
                 self._maybe_checkpoint()
@@ -228,7 +236,8 @@ class Driver:
         if task.kind == "rollout":
             self.env_steps += self.cfg.batch_size
             self.ready.append(fut)
-            self.idle_slots.append(task.slot)
+            if task.slot < self.num_actors:
+                self.idle_slots.append(task.slot)
         elif task.kind == "learner":
             self._on_learner(fut.result())
         elif task.kind == "eval":
@@ -247,6 +256,29 @@ class Driver:
             self.actor.submit("learner_lost", task.learner_id)
 
     # ---- launching -----------------------------------------------------------------------------
+    def _rescale(self) -> None:
+        """Follow the cluster: one rollout slot per worker thread (unless fixed by config).
+
+        Learners follow on their own: one is launched per completed trajectory, so more slots
+        mean more learners, up to ``learner.max_learners`` (Stellaris' orchestration).
+        """
+        if self.cfg.rollout.num_actors is not None or time.time() - self.last_rescale < 1.0:
+            return
+        self.last_rescale = time.time()
+        threads = sum(self.client.nthreads().values())
+        if threads == 0 or threads == self.num_actors:
+            return
+        old = self.num_actors
+        self.num_actors = threads
+        self.slot_workers = place_slots(self.client, threads)
+        if threads > old:
+            self.idle_slots.extend(range(old, threads))
+        # Slots beyond the new count are retired: their tasks finish, they are not resubmitted.
+        self.idle_slots = [s for s in self.idle_slots if s < threads]
+        self.metrics.write("rescale", {"slots": threads, "previous": old,
+                                       "env_steps": self.env_steps})
+        logger.info("cluster now has %d worker threads: %d rollout slots", threads, threads)
+
     def _refill(self) -> None:
         self._launch_learners()
         if self.stop_reason is not None:
@@ -304,8 +336,7 @@ class Driver:
         lengths = stats.pop("episode_lengths")
         self.returns.extend(returns)
         self.episodes += len(returns)
-        if self.learner_seq % self.num_actors == 0:
-            self.actor.submit("round_end")
+        self.learners_done += 1
         record = {
             "env_steps": self.env_steps, "env_steps_learned": self.env_steps_learned,
             "updates": self.updates, "wall_s": self.elapsed(),
@@ -316,11 +347,20 @@ class Driver:
             "charts/learning_rate": self._learning_rate(), **stats,
         }
         self.metrics.write("learner", record)
+        if self.learners_done % self.num_actors == 0:
+            self._end_round()
         if self.progress is not None:
             self.progress({"env_steps": self.env_steps, "total": self.cfg.stop.env_steps,
                            "return": self.recent_return(), "updates": self.updates,
                            "steps_per_s": record["steps_per_s"],
                            "eval": self.last_eval and self.last_eval["mean_return"]})
+
+    def _end_round(self) -> None:
+        """A round: one trajectory per rollout slot learned. The strategy may adapt to it."""
+        reward = self.recent_return()
+        m = self.actor.call("round_end", **({"reward": reward} if reward is not None else {}))
+        self.metrics.write("round", {"env_steps": self.env_steps, "wall_s": self.elapsed(),
+                                     "charts/return_recent": reward, **m})
 
     def recent_return(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None

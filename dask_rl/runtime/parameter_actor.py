@@ -55,24 +55,27 @@ class ParameterActor:
         Initial flat float32 parameters.
     aggregation
         The pipeline's ``aggregation`` config (strategy name, step size alpha0, ...).
-    obs_moments
-        Initial observation moments, when the policy normalises observations.
+    moments
+        Initial running statistics (``{"obs": ..., "return": ...}``) when the pipeline
+        normalises observations or rewards; learners' pushes merge into them.
     keep_versions
         How many past versions to keep for IS truncation (0: only the current one).
+    learners
+        Learners allowed at once (lambda of n-softsync, the waiting bound of Stellaris).
     optimizer
         How aggregated gradients are applied: ``sgd`` (``theta -= alpha0 * g``) or ``adam``.
     """
 
     def __init__(self, params: np.ndarray, aggregation: Any, *,
-                 obs_moments: np.ndarray | None = None, keep_versions: int = 0,
-                 optimizer: str = "sgd"):
+                 moments: dict | None = None, keep_versions: int = 0,
+                 optimizer: str = "sgd", learners: int = 1):
         self.lock = threading.RLock()
         self.aggregation = aggregation
-        self.strategy = make_strategy(aggregation)
-        self.optimizer = make_optimizer(optimizer, len(params))
+        self.strategy = make_strategy(aggregation, learners=learners)
+        self.optimizer = make_optimizer(optimizer, np.zeros(len(params), np.float32))
         self.lr = float(aggregation.lr)
         self.keep_versions = keep_versions
-        self.current = PolicySnapshot(0, np.array(params, np.float32), obs_moments)
+        self.current = PolicySnapshot(0, np.array(params, np.float32), moments or None)
         self.opt_state: dict | None = None
         self.history: OrderedDict[int, PolicySnapshot] = OrderedDict()
         self.gradients: dict[int, tuple[np.ndarray, dict | None]] = {}
@@ -98,19 +101,20 @@ class ParameterActor:
         if cur.version == newer_than:
             return None
         if with_optimizer:
-            return PolicySnapshot(cur.version, cur.params, cur.obs_moments, self.opt_state)
+            return PolicySnapshot(cur.version, cur.params, cur.moments, self.opt_state)
         return cur
 
     @_locked
     def push(self, gradient: np.ndarray, version: int, learner_id: str, *,
-             opt_state: dict | None = None, obs_moments: np.ndarray | None = None) -> dict:
+             opt_state: dict | None = None, moments: dict | None = None) -> dict:
         """A learner's gradient, computed on ``version``. Returns what became of it."""
         t0 = time.perf_counter()
         self.pushes += 1
-        if obs_moments is not None and self.current.obs_moments is not None:
-            # Observation statistics describe data, not the gradient: always merge them.
-            self.current = PolicySnapshot(self.current.version, self.current.params,
-                                          merge_moments(self.current.obs_moments, obs_moments))
+        if moments and self.current.moments:
+            # Statistics describe data, not the gradient: merge them whatever the gradient's fate.
+            merged = {k: merge_moments(v, moments[k]) if k in moments else v
+                      for k, v in self.current.moments.items()}
+            self.current = PolicySnapshot(self.current.version, self.current.params, merged)
         if gradient.shape != self.current.params.shape or not np.isfinite(gradient).all():
             self.rejected += 1
             logger.warning("rejected a gradient from %s: %s", learner_id,
@@ -121,12 +125,12 @@ class ParameterActor:
         gid = next(self.ids)
         self.gradients[gid] = (gradient, opt_state)
         staleness = self.strategy.version - version
-        decision = self.strategy.on_gradient(Arrival(gid, learner_id, version))
-        applied = self._execute(decision)
+        decisions = self.strategy.on_gradient(Arrival(gid, learner_id, version))
+        self._execute(decisions)
         self.apply_s += time.perf_counter() - t0
-        if gid in applied:
+        if any(gid in d.ids for d in decisions):
             status = "applied"
-        elif gid in decision.drop:
+        elif any(gid in d.drop for d in decisions):
             status = "dropped"
         else:
             status = "buffered"
@@ -139,10 +143,12 @@ class ParameterActor:
         return self.current.version
 
     @_locked
-    def round_end(self) -> int:
-        """The driver finished a training round."""
-        self._execute(self.strategy.on_round_end())
-        return self.current.version
+    def round_end(self, **signals: float) -> dict:
+        """The driver finished a training round; returns the metrics after it."""
+        t0 = time.perf_counter()
+        self._execute(self.strategy.on_round_end(**signals))
+        self.apply_s += time.perf_counter() - t0
+        return self.metrics()
 
     @_locked
     def snapshot(self, version: int) -> PolicySnapshot | None:
@@ -158,21 +164,20 @@ class ParameterActor:
     def metrics(self) -> dict:
         """Strategy counters plus the actor's own (time spent gating and applying)."""
         m = self.strategy.metrics()
+        assert m["version"] == self.current.version, "strategy and actor disagree"
         m.update({"gradients/rejected": self.rejected, "actor/apply_s": self.apply_s,
                   "actor/pushes": self.pushes})
         return m
-
-    @_locked
-    def staleness_histogram(self) -> list[int]:
-        return self.strategy.stats.histogram.tolist()
 
     # ---- checkpoint state --------------------------------------------------------------------
     @_locked
     def state_dict(self) -> dict:
         """Everything needed to re-create this actor: arrays and JSON-ready scalars."""
         cur = self.current
-        return {"params": cur.params, "version": cur.version, "obs_moments": cur.obs_moments,
-                "optimizer": self.optimizer.state_dict(), "learner_opt": self.opt_state,
+        optimizer = {k: (v.copy() if isinstance(v, np.ndarray) else v)
+                     for k, v in self.optimizer.state_dict().items()}
+        return {"params": cur.params, "version": cur.version, "moments": cur.moments,
+                "optimizer": optimizer, "learner_opt": self.opt_state,
                 "strategy": self.strategy.state_dict(), "rejected": self.rejected}
 
     @_locked
@@ -183,7 +188,7 @@ class ParameterActor:
         self.opt_state = state.get("learner_opt")
         self.rejected = int(state.get("rejected", 0))
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
-                                      state.get("obs_moments"))
+                                      state.get("moments"))
         if self.current.version != self.strategy.version:
             raise ValueError(f"parameter version {self.current.version} does not match the "
                              f"strategy's version {self.strategy.version}")
@@ -193,11 +198,14 @@ class ParameterActor:
         return self.current.version
 
     # ---- executing decisions -----------------------------------------------------------------
-    def _execute(self, decision: Decision) -> set[int]:
-        for gid in decision.drop:
-            self.gradients.pop(gid, None)
-        if decision.wait:
-            return set()
+    def _execute(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            for gid in decision.drop:
+                self.gradients.pop(gid, None)
+            if not decision.wait:
+                self._apply(decision)
+
+    def _apply(self, decision: Decision) -> None:
         cur = self.current
         g = np.zeros_like(cur.params)
         states = []
@@ -210,10 +218,8 @@ class ParameterActor:
         self.optimizer.step(params, g, self.lr)
         if states:
             self.opt_state = _mean_opt_state(states)
-        self.current = PolicySnapshot(cur.version + 1, params, cur.obs_moments)
-        assert self.current.version == self.strategy.version, "strategy and actor disagree"
+        self.current = PolicySnapshot(cur.version + 1, params, cur.moments)
         self._remember(self.current)
-        return set(decision.ids)
 
     def _remember(self, snap: PolicySnapshot) -> None:
         self.history[snap.version] = snap

@@ -45,7 +45,6 @@ class RunState(WorkerPlugin):
 
         torch.set_num_threads(self.torch_threads)
         register_torch_sizeof()
-        _warm_up_torch()
         self.worker = worker
         self.lock = threading.Lock()
         self.rollout_workers: dict[int, Any] = {}
@@ -108,13 +107,3 @@ def _worker_index(worker: Any) -> int:
         return name
     return int.from_bytes(str(name).encode()[-4:].rjust(4, b"\0"), "big")
 
-
-def _warm_up_torch() -> None:
-    """Torch's first optimizer imports ``torch._dynamo`` (~1.4 s): pay that at set-up, not in
-    the first learner task, where it would make that gradient a dozen versions stale."""
-    import torch
-
-    x = torch.zeros(2, requires_grad=True)
-    opt = torch.optim.Adam([x], foreach=True)
-    (x * 2).sum().backward()
-    opt.step()

@@ -42,7 +42,7 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     result = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross)
     t_learned = time.perf_counter()
     ack = actor.call("push", result.gradient, result.version, learner_id,
-                     opt_state=result.opt_state, obs_moments=traj.obs_moments)
+                     opt_state=result.opt_state, moments=traj.moments)
     t_pushed = time.perf_counter()
     stats = dict(result.stats)
     stats.update({

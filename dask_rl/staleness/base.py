@@ -1,19 +1,22 @@
 """The interface every aggregation strategy implements: a sans-IO state machine.
 
 Events go in — a learner started (and which version it pulled), a gradient arrived, a learner
-was lost, a training round ended — and :class:`Decision` s come out: which buffered gradients
-to combine into the next update and with which weights, which to drop, or nothing (wait). The
-parameter actor only stores the gradient arrays and executes decisions, so each strategy is
-driven in tests by scripted event sequences, without a cluster.
+was lost, a training round ended — and a list of :class:`Decision` s comes out: each names the
+buffered gradients to combine into one update and their weights, or gradients to drop; an
+empty list means wait. The parameter actor only stores the gradient arrays and executes
+decisions, so each strategy is driven in tests by scripted event sequences, without a cluster.
 
 The strategy owns the *version* (the number of updates applied so far): the staleness of a
 gradient is the version when it is used minus the version its learner pulled.
 
 Notes
 -----
-Subclass :class:`Strategy` and override the hooks; each returns a :class:`Decision`. Call
-:meth:`Strategy._aggregate` to emit an update (it bumps the version and records metrics) and
-:meth:`Strategy._drop` to discard gradients. ``synchronous = True`` tells the driver to gate
+Subclass :class:`Strategy` and implement :meth:`Strategy.decide`, which looks at the buffer and
+returns one :class:`Decision` (or an empty one to wait); after every event it is called again
+until it waits, so a strategy that releases one gradient per update (SSP) needs no loop of its
+own. Call :meth:`Strategy._aggregate` to emit an update (it bumps the version and records
+metrics) and :meth:`Strategy._drop` to discard gradients. Override ``on_*`` hooks to track
+more state, calling ``super()``. ``synchronous = True`` tells the driver to gate
 rollouts on updates (a synchronous baseline); every other strategy lets rollouts run freely.
 """
 
@@ -57,7 +60,7 @@ class Decision:
         return tuple(i for i, _ in self.apply)
 
 
-WAIT = Decision()
+WAIT = Decision()  # nothing to do now
 
 
 @dataclass
@@ -86,7 +89,7 @@ class Strategy:
     >>> s = make_strategy(AsyncConfig())
     >>> s.on_learner_started("L0", version=0)
     >>> s.on_gradient(Arrival(id=0, learner_id="L0", version=0))
-    Decision(apply=((0, 1.0),), drop=())
+    [Decision(apply=((0, 1.0),), drop=())]
     """
 
     name: ClassVar[str] = "base"
@@ -106,28 +109,40 @@ class Strategy:
         """A learner pulled ``version`` and is computing a gradient."""
         self.active[learner_id] = version
 
-    def on_gradient(self, arrival: Arrival) -> Decision:
+    def on_gradient(self, arrival: Arrival) -> list[Decision]:
         """A gradient arrived; its learner is finished."""
         self.active.pop(arrival.learner_id, None)
         self.stats.arrived += 1
         self.buffer[arrival.id] = arrival
-        return self.decide()
+        return self._drain()
 
-    def on_learner_lost(self, learner_id: str) -> Decision:
+    def on_learner_lost(self, learner_id: str) -> list[Decision]:
         """A learner died without pushing; barriers must not wait for it."""
         if self.active.pop(learner_id, None) is not None:
             self.stats.lost_learners += 1
-        return self.decide()
+        return self._drain()
 
-    def on_round_end(self) -> Decision:
-        """The driver finished a training round (one batch per rollout actor)."""
+    def on_round_end(self, **signals: float) -> list[Decision]:
+        """The driver finished a training round (one batch per rollout slot).
+
+        ``signals`` carry what the driver measured (e.g. ``reward``, the recent mean return);
+        strategies that adapt to them read what they need.
+        """
         self.round += 1
-        return self.decide()
+        return self._drain()
 
     # ---- the decision rule -------------------------------------------------------------------
     def decide(self) -> Decision:
-        """Look at the buffer and the active learners; subclasses implement the rule."""
+        """One step of the rule: an update, a drop, or an empty Decision to wait."""
         raise NotImplementedError
+
+    def _drain(self) -> list[Decision]:
+        out = []
+        while True:
+            d = self.decide()
+            if d.wait and not d.drop:
+                return out
+            out.append(d)
 
     # ---- helpers for subclasses --------------------------------------------------------------
     def staleness(self, arrival: Arrival) -> int:
@@ -186,7 +201,8 @@ class Strategy:
         """Scalars for metrics.jsonl and the dashboard."""
         st = self.stats
         return {"staleness/mean": st.staleness_mean, "staleness/max": st.staleness_max,
+                "staleness/histogram": st.histogram.tolist(),
                 "gradients/arrived": st.arrived, "gradients/applied": st.applied,
                 "gradients/dropped": st.dropped, "gradients/buffered": len(self.buffer),
                 "learners/active": len(self.active), "version": self.version,
-                "round": self.round}
+                "round": self.round, "lr_scale": self.last_update.get("lr_scale", 1.0)}

@@ -59,7 +59,7 @@ def test_evaluate_a_checkpoint(tmp_path, capsys):
     cfg = from_dict({})
     params = get_flat(make_model(*env_spaces(cfg.env), cfg.model, seed=0))
     CheckpointStore(tmp_path / "checkpoints").save(
-        {"actor": {"params": params, "version": 3, "obs_moments": None}},
+        {"actor": {"params": params, "version": 3, "moments": None}},
         meta={"config": to_dict(cfg), "algorithm": "ppo", "env_steps": 10})
     assert main(["evaluate", str(tmp_path), "--episodes", "3"]) == 0
     out = json.loads(capsys.readouterr().out)

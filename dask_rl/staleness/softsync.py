@@ -1,0 +1,35 @@
+"""n-softsync (Zhang, Gupta, Lian & Liu, IJCAI'16, arXiv:1511.05950).
+
+With lambda learners, the server updates after every ``c = max(1, floor(lambda / n))``
+gradients, averaging them, with the learning rate divided by their mean staleness:
+``alpha = alpha0 / <tau>``. ``n = 1`` waits for lambda gradients (close to synchronous),
+``n = lambda`` updates on every gradient (asynchronous with a staleness-scaled step). Gradients
+fresher than one version (tau = 0) count as tau = 1, so the step never exceeds alpha0.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dask_rl.staleness.base import Decision, Strategy
+
+
+class Softsync(Strategy):
+    name = "softsync"
+
+    def __init__(self, cfg, *, learners: int = 1):
+        super().__init__(cfg)
+        self.learners = max(1, learners)
+
+    @property
+    def group(self) -> int:
+        return max(1, math.floor(self.learners / self.cfg.n))
+
+    def decide(self) -> Decision:
+        if len(self.buffer) < self.group:
+            return Decision()
+        ids = list(self.buffer)[:self.group]
+        taus = [self.staleness(self.buffer[i]) for i in ids]
+        mean_tau = max(1.0, sum(taus) / len(taus))
+        weight = 1.0 / (len(ids) * mean_tau)
+        return self._aggregate({i: weight for i in ids}, lr_scale=1.0 / mean_tau)
