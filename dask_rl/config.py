@@ -314,7 +314,25 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                 raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is not a section")
             node = child
         node[parts[-1]] = value
+        if len(parts) == 2:
+            _retag(node, parts[0], parts[1])
     return data
+
+
+def _retag(section: dict, name: str, key: str) -> None:
+    """After ``--set aggregation.strategy=X`` (or ``algo.name``), drop the keys that only the
+    previous variant had, so a pipeline's variant can be switched from the command line."""
+    field_ = next((f for f in dataclasses.fields(PipelineConfig) if f.name == name), None)
+    if field_ is None:
+        return
+    tp = typing.get_type_hints(PipelineConfig)[name]
+    if tp not in _TAGS or _TAGS[tp][0] != key:
+        return
+    for variant in typing.get_args(tp):
+        if typing.get_args(typing.get_type_hints(variant)[key])[0] == section[key]:
+            allowed = {f.name for f in dataclasses.fields(variant)}
+            for k in [k for k in section if k not in allowed]:
+                del section[k]
 
 
 def to_dict(cfg: Any) -> dict:

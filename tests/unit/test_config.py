@@ -119,3 +119,11 @@ def test_docs_config_reference_is_current():
     doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
     assert doc.read_text() == reference_markdown(), \
         "docs/config.md is stale: run python -m dask_rl.config > docs/config.md"
+
+
+def test_switching_a_variant_from_the_command_line_drops_the_old_variants_keys(pipelines):
+    cfg = load_pipeline(pipelines / "ppo_cartpole_stellaris.yaml",
+                        ["aggregation.strategy=ssp", "aggregation.bound=2"])
+    assert cfg.aggregation.strategy == "ssp" and cfg.aggregation.bound == 2
+    with pytest.raises(ConfigError, match="aggregation.bound: unknown key"):
+        from_dict({"aggregation": {"strategy": "stellaris", "bound": 2}})
