@@ -59,7 +59,7 @@ def single_process(seed: int, overrides: list[str]) -> dict:
         steps += traj.env_steps
         returns.extend(traj.episode_returns.tolist())
         lr = cfg.learner.lr * max(1.0 - steps / cfg.stop.env_steps, 0.01)
-        res = learner.update(actor.pull(learner_id="L", with_optimizer=True), traj, lr=lr,
+        res = learner.update(actor.pull(learner_id="L", learner_state=True), traj, lr=lr,
                              seed=snap.version)
         actor.push(res.gradient, res.version, "L", opt_state=res.opt_state)
         version = actor.current.version

@@ -67,9 +67,12 @@ class Learner:
         t0 = time.perf_counter()
         cfg, lcfg = self.cfg, self.cfg.learner
         model, flat, grad = self.model, self.flat, self.grad
+        extra = {}
+        if getattr(self.algo, "needs_target", False):
+            extra["target_logp"] = self._target_logp(snapshot, traj)
         load_snapshot(model, snapshot)
         batch = self.algo.prepare(traj, model, cfg.algo, device=self.device,
-                                  rewards=self.rewards(traj, snapshot))
+                                  rewards=self.rewards(traj, snapshot), **extra)
         if cross_policies:
             batch["cross_ratio_min"] = self._cross_ratio_min(batch, cross_policies)
             load_snapshot(model, snapshot)
@@ -113,6 +116,19 @@ class Learner:
                      "t": optimizer.t}
         return LearnerResult(gradient=gradient.astype(np.float32, copy=False),
                              version=snapshot.version, stats=stats, opt_state=opt_state)
+
+    @torch.no_grad()
+    def _target_logp(self, snapshot: PolicySnapshot, traj: Trajectory) -> np.ndarray | None:
+        """log pi_target(a|s) of the batch's actions, if the actor keeps a target network."""
+        if snapshot.target_params is None:
+            return None
+        load_snapshot(self.model, PolicySnapshot(snapshot.version, snapshot.target_params,
+                                                 snapshot.moments))
+        obs = torch.as_tensor(traj.obs, device=self.device)
+        actions = torch.as_tensor(traj.actions, device=self.device)
+        n = traj.num_steps * traj.num_envs
+        dist = self.model.policy(obs.reshape(n, *obs.shape[2:]))
+        return dist.log_prob(actions.reshape(n, *actions.shape[2:])).cpu().numpy()
 
     @torch.no_grad()
     def _cross_ratio_min(self, batch: dict, policies: list[PolicySnapshot]) -> torch.Tensor:

@@ -80,9 +80,12 @@ class PolicySnapshot:
     params: np.ndarray                      # flat float32 parameters
     moments: dict | None = None             # running statistics {"obs": ..., "return": ...}
     opt_state: dict | None = None           # learners' Adam moments {"m", "v", "t"}
+    target_params: np.ndarray | None = None # the target network (IMPACT)
 
     def __sizeof__(self) -> int:
         extra = sum(m.nbytes for m in (self.moments or {}).values())
         if self.opt_state is not None:
             extra += self.opt_state["m"].nbytes + self.opt_state["v"].nbytes
+        if self.target_params is not None:
+            extra += self.target_params.nbytes
         return self.params.nbytes + extra + 128

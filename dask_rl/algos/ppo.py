@@ -81,15 +81,22 @@ def value_loss(newvalue: torch.Tensor, oldvalue: torch.Tensor, returns: torch.Te
 
 def truncated_ratio(ratio: torch.Tensor, cross_ratio_min: torch.Tensor | None,
                     rho: float) -> torch.Tensor:
-    """Stellaris' global IS truncation applied to PPO's ratio.
+    """Stellaris' global importance-sampling truncation, applied to PPO's ratio.
 
     ``cross_ratio_min`` is ``min_i pi_theta_i(a|s) / mu(a|s)`` over the policies of the other
-    learners active when this batch was learned (detached). Where that minimum is below ``rho``
-    the ratio is capped by it, so no single learner's policy can run further from the behaviour
-    policy than the most conservative concurrent learner allows; otherwise it is capped at the
-    learner's own ratio (no effect). This is ``min(r, max(min_i r_i, rho))``: the form used by
-    Stellaris' released code, which reduces to the paper's ``min(|min_i r_i|, rho)`` bound on
-    the aggregate whenever the learners disagree, and leaves single-learner PPO unchanged.
+    learners active when this batch is learned (detached; ``mu`` is the behaviour policy). The
+    ratio used in the clipped surrogate becomes ``min(r, max(min_i r_i, rho))``.
+
+    Why this form. The paper writes ``R' = min(|min_i r_i|, rho)`` over all learners. Used
+    literally as PPO's ratio, with this learner among the ``i`` and ``rho = 1``, it caps every
+    ratio at 1: no action could ever become likelier than under the behaviour policy, and
+    positive advantages would stop paying. The released code's form, used here, keeps the
+    paper's intent — no learner may drift from the behaviour policy in a direction the others
+    do not follow — without that stall: where another concurrent learner made an action less
+    likely (``min_i r_i < rho``), this learner may not make it likelier than ``rho`` times the
+    behaviour probability; elsewhere it may go as far as the most conservative other learner
+    (and PPO's clipping still applies). With no other learner active, or truncation off, this is
+    plain PPO.
     """
     if cross_ratio_min is None:
         return ratio

@@ -3,7 +3,10 @@
 It keeps ``rollout.num_actors`` rollout tasks in flight, launches a learner task on each
 trajectory as it completes (Stellaris' on-demand learners, at most ``learner.max_learners`` at
 once), evaluates greedily, checkpoints, and stops. Trajectories never come to the client: the
-driver only holds their futures, and learner tasks return a few statistics.
+driver only holds their futures, and learner tasks return a few statistics. Off-policy
+algorithms (IMPACT, ``algo.replay > 1``) keep the futures of recent trajectories in a circular
+buffer and replay each up to ``replay`` times when learners would otherwise idle — the data
+stays on its worker.
 
 Rollouts and learners never wait for each other, unless the aggregation strategy is
 ``synchronous``: then rollouts run in rounds, each round on the version the previous round's
@@ -50,6 +53,7 @@ class _Task:
     slot: int = -1
     learner_id: str = ""
     trajectory: Future | None = None
+    first_use: bool = True    # learner: the trajectory's first learning (not a replay)
 
 
 class Driver:
@@ -93,6 +97,10 @@ class Driver:
         # live state
         self.inflight: dict[Future, _Task] = {}
         self.ready: collections.deque[Future] = collections.deque()
+        self.replay = getattr(cfg.algo, "replay", 1)
+        # circular buffer of (trajectory future, times learned), newest last
+        self.replay_buffer: collections.deque[list] = collections.deque(
+            maxlen=getattr(cfg.algo, "buffer_size", 1))
         self.idle_slots: list[int] = []
         self.returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
         self.episodes = 0
@@ -130,7 +138,8 @@ class Driver:
         keep = 4 * cfg.learner.max_learners if cfg.learner.is_truncation else 0
         self.actor = ActorHandle(self.client.submit(
             ParameterActor, params, cfg.aggregation, moments=moments, keep_versions=keep,
-            learners=cfg.learner.max_learners, actor=True, pure=False,
+            learners=cfg.learner.max_learners,
+            target_every=getattr(cfg.algo, "target_update_every", None), actor=True, pure=False,
             key=f"parameter-actor-{self.run_name}").result())
         if self.resume:
             self._restore()
@@ -239,7 +248,7 @@ class Driver:
             if task.slot < self.num_actors:
                 self.idle_slots.append(task.slot)
         elif task.kind == "learner":
-            self._on_learner(fut.result())
+            self._on_learner(fut.result(), first_use=task.first_use)
         elif task.kind == "eval":
             self._on_eval(fut.result())
 
@@ -302,11 +311,31 @@ class Driver:
                                  workers=[where] if where else None, allow_other_workers=True)
         self.inflight[fut] = _Task("rollout", slot=slot)
 
+    def _next_batch(self) -> tuple[Future, bool] | None:
+        """A fresh trajectory if one is ready, else the newest one still owed a replay."""
+        if self.ready:
+            traj = self.ready.popleft()
+            if self.replay > 1:
+                self.replay_buffer.append([traj, 1])
+            return traj, True
+        if self.draining or self.stop_reason is not None:
+            return None
+        for entry in reversed(self.replay_buffer):
+            if entry[1] < self.replay:
+                entry[1] += 1
+                if entry[1] >= self.replay:
+                    self.replay_buffer.remove(entry)
+                return entry[0], False
+        return None
+
     def _launch_learners(self) -> None:
         cfg = self.cfg.learner
         running = sum(t.kind == "learner" for t in self.inflight.values())
-        while self.ready and running < cfg.max_learners:
-            traj = self.ready.popleft()
+        while running < cfg.max_learners:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            traj, first_use = batch
             self.learner_seq += 1
             lid = f"L{self.learner_seq}"
             seed = int(np.random.SeedSequence([self.cfg.seed, 1, self.learner_seq])
@@ -315,7 +344,8 @@ class Driver:
             fut = self.client.submit(learner_task, self.run_name, traj, self.actor, lid,
                                      self._learning_rate(), seed, pure=False,
                                      key=f"learner-{lid}-{self.run_name}", **kwargs)
-            self.inflight[fut] = _Task("learner", learner_id=lid, trajectory=traj)
+            self.inflight[fut] = _Task("learner", learner_id=lid, trajectory=traj,
+                                       first_use=first_use)
             running += 1
 
     def _learning_rate(self) -> float:
@@ -326,16 +356,20 @@ class Driver:
         return cfg.lr * max(frac, 0.01)
 
     # ---- results -------------------------------------------------------------------------------
-    def _on_learner(self, stats: dict) -> None:
+    def _on_learner(self, stats: dict, first_use: bool = True) -> None:
         self.updates = max(self.updates, stats["version_after"])
-        self.env_steps_learned += stats["env_steps"]
         self.learner_busy_s += stats["learner/task_s"]
-        self.rollout_busy_s += stats["rollout/collect_s"]
-        self.trajectory_bytes += stats["trajectory_bytes"]
         returns = stats.pop("episode_returns")
         lengths = stats.pop("episode_lengths")
-        self.returns.extend(returns)
-        self.episodes += len(returns)
+        if first_use:  # a replay learns from the same steps and episodes again
+            self.env_steps_learned += stats["env_steps"]
+            self.rollout_busy_s += stats["rollout/collect_s"]
+            self.trajectory_bytes += stats["trajectory_bytes"]
+            self.returns.extend(returns)
+            self.episodes += len(returns)
+        else:
+            returns, lengths = [], []
+        stats["replay"] = not first_use
         self.learners_done += 1
         record = {
             "env_steps": self.env_steps, "env_steps_learned": self.env_steps_learned,
@@ -435,6 +469,7 @@ class Driver:
             self.client.cancel(cancelled)
         self.inflight = {f: t for f, t in self.inflight.items() if t.kind == "eval"}
         self.ready.clear()
+        self.replay_buffer.clear()
         final = self.last_eval
         if self.stop_reason != "solved" or final is None:
             final = self._submit_eval().result()

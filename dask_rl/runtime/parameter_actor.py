@@ -62,13 +62,16 @@ class ParameterActor:
         How many past versions to keep for IS truncation (0: only the current one).
     learners
         Learners allowed at once (lambda of n-softsync, the waiting bound of Stellaris).
+    target_every
+        Keep a target network, refreshed to the current parameters every this many updates
+        (IMPACT); None keeps none.
     optimizer
         How aggregated gradients are applied: ``sgd`` (``theta -= alpha0 * g``) or ``adam``.
     """
 
     def __init__(self, params: np.ndarray, aggregation: Any, *,
                  moments: dict | None = None, keep_versions: int = 0,
-                 optimizer: str = "sgd", learners: int = 1):
+                 optimizer: str = "sgd", learners: int = 1, target_every: int | None = None):
         self.lock = threading.RLock()
         self.aggregation = aggregation
         self.strategy = make_strategy(aggregation, learners=learners)
@@ -77,6 +80,8 @@ class ParameterActor:
         self.keep_versions = keep_versions
         self.current = PolicySnapshot(0, np.array(params, np.float32), moments or None)
         self.opt_state: dict | None = None
+        self.target_every = target_every
+        self.target = self.current.params if target_every else None
         self.history: OrderedDict[int, PolicySnapshot] = OrderedDict()
         self.gradients: dict[int, tuple[np.ndarray, dict | None]] = {}
         self.ids = itertools.count()
@@ -89,19 +94,21 @@ class ParameterActor:
     # ---- calls from tasks --------------------------------------------------------------------
     @_locked
     def pull(self, newer_than: int = -1, learner_id: str | None = None,
-             with_optimizer: bool = False) -> PolicySnapshot | None:
+             learner_state: bool = False) -> PolicySnapshot | None:
         """The current snapshot, or ``None`` if the caller already holds ``newer_than``.
 
         A learner passes its id: it is then active (a sync barrier waits for it) until it pushes
-        or is reported lost.
+        or is reported lost. ``learner_state`` adds what only learners need: the learners' Adam
+        moments and the target network.
         """
         cur = self.current
         if learner_id is not None:
             self.strategy.on_learner_started(learner_id, cur.version)
         if cur.version == newer_than:
             return None
-        if with_optimizer:
-            return PolicySnapshot(cur.version, cur.params, cur.moments, self.opt_state)
+        if learner_state:
+            return PolicySnapshot(cur.version, cur.params, cur.moments, self.opt_state,
+                                  self.target)
         return cur
 
     @_locked
@@ -177,7 +184,7 @@ class ParameterActor:
         optimizer = {k: (v.copy() if isinstance(v, np.ndarray) else v)
                      for k, v in self.optimizer.state_dict().items()}
         return {"params": cur.params, "version": cur.version, "moments": cur.moments,
-                "optimizer": optimizer, "learner_opt": self.opt_state,
+                "optimizer": optimizer, "learner_opt": self.opt_state, "target": self.target,
                 "strategy": self.strategy.state_dict(), "rejected": self.rejected}
 
     @_locked
@@ -186,9 +193,13 @@ class ParameterActor:
         self.strategy.load_state_dict(state["strategy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.opt_state = state.get("learner_opt")
+        if self.target_every:
+            self.target = state.get("target")
         self.rejected = int(state.get("rejected", 0))
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
                                       state.get("moments"))
+        if self.target_every and self.target is None:
+            self.target = self.current.params
         if self.current.version != self.strategy.version:
             raise ValueError(f"parameter version {self.current.version} does not match the "
                              f"strategy's version {self.strategy.version}")
@@ -219,6 +230,8 @@ class ParameterActor:
         if states:
             self.opt_state = _mean_opt_state(states)
         self.current = PolicySnapshot(cur.version + 1, params, cur.moments)
+        if self.target_every and self.current.version % self.target_every == 0:
+            self.target = params
         self._remember(self.current)
 
     def _remember(self, snap: PolicySnapshot) -> None:

@@ -32,7 +32,7 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     t0 = time.perf_counter()
     state = run_state(run)
     learner = state.learner()
-    snapshot = actor.call("pull", learner_id=learner_id, with_optimizer=True)
+    snapshot = actor.call("pull", learner_id=learner_id, learner_state=True)
     cross = None
     if state.cfg.learner.is_truncation:
         versions = actor.call("active_policies", exclude=learner_id)

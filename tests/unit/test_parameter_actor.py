@@ -34,13 +34,13 @@ def test_nan_and_wrong_shape_gradients_are_rejected_and_never_applied():
 
 def test_sync_averages_and_learner_optimizer_state_is_averaged():
     a = ParameterActor(np.zeros(2, np.float32), SyncConfig(lr=1.0))
-    a.pull(learner_id="A", with_optimizer=True)
-    a.pull(learner_id="B", with_optimizer=True)
+    a.pull(learner_id="A", learner_state=True)
+    a.pull(learner_id="B", learner_state=True)
     sa = {"m": np.array([1, 1], np.float32), "v": np.array([2, 2], np.float32), "t": 4}
     sb = {"m": np.array([3, 3], np.float32), "v": np.array([4, 4], np.float32), "t": 8}
     assert a.push(np.array([2, 0], np.float32), 0, "A", opt_state=sa)["status"] == "buffered"
     assert a.push(np.array([0, 2], np.float32), 0, "B", opt_state=sb)["status"] == "applied"
-    snap = a.pull(with_optimizer=True)
+    snap = a.pull(learner_state=True)
     np.testing.assert_allclose(snap.params, [-1, -1])
     np.testing.assert_allclose(snap.opt_state["m"], [2, 2])
     np.testing.assert_allclose(snap.opt_state["v"], [3, 3])

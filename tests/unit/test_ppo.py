@@ -108,3 +108,45 @@ def test_truncated_ratio():
     # min(r, max(cross, rho)) with rho = 1
     np.testing.assert_allclose(ppo.truncated_ratio(r, cross, 1.0).numpy(), [0.5, 1.0, 2.0, 1.1])
     assert ppo.truncated_ratio(r, None, 1.0) is r
+
+
+def test_is_truncation_against_a_naive_per_sample_reference():
+    """The learner's cross-learner minimum ratio and the truncated ratio, sample by sample."""
+    from torch.distributions import Categorical
+
+    from dask_rl.config import from_dict
+    from dask_rl.envs import env_spaces
+    from dask_rl.learner import Learner
+    from dask_rl.models import get_flat, make_model
+    from dask_rl.types import PolicySnapshot
+
+    cfg = from_dict({})
+    spaces = env_spaces(cfg.env)
+    others = [PolicySnapshot(v, get_flat(make_model(*spaces, cfg.model, seed=10 + v)))
+              for v in range(3)]
+    learner = Learner(cfg, *spaces, device="cpu")
+    rng = np.random.default_rng(0)
+    obs = torch.tensor(rng.normal(size=(40, 4)), dtype=torch.float32)
+    actions = torch.tensor(rng.integers(0, 2, 40))
+    mu_logp = torch.tensor(np.log(rng.uniform(0.2, 0.8, 40)), dtype=torch.float32)
+    got = learner._cross_ratio_min({"obs": obs, "actions": actions, "logp": mu_logp}, others)
+
+    want = []
+    for k in range(40):
+        ratios = []
+        for snap in others:
+            model = make_model(*spaces, cfg.model)
+            from dask_rl.models import set_flat
+
+            set_flat(model, snap.params)
+            logits = model.pi_head(model.pi_body(obs[k:k + 1]))
+            pi = Categorical(logits=logits).log_prob(actions[k:k + 1]).exp().item()
+            ratios.append(pi / np.exp(mu_logp[k].item()))
+        want.append(min(ratios))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)
+
+    own = torch.tensor(rng.uniform(0.5, 1.5, 40), dtype=torch.float32)
+    truncated = ppo.truncated_ratio(own, got, 1.0)
+    for k in range(40):
+        assert truncated[k].item() == pytest.approx(min(own[k].item(), max(want[k], 1.0)),
+                                                    rel=1e-6)
