@@ -37,6 +37,21 @@ def resolve(pipeline: str | os.PathLike | PipelineConfig | dict,
     return load_pipeline(pipeline, overrides)
 
 
+def trainer_class(cfg: PipelineConfig) -> type:
+    """The driver that runs a pipeline: ES, population-based training, or async learners."""
+    if cfg.algo.name == "es":
+        from dask_rl.runtime.es import ESDriver
+
+        return ESDriver
+    if cfg.population is not None:
+        from dask_rl.runtime.pbt import PBTDriver
+
+        return PBTDriver
+    from dask_rl.runtime.driver import Driver
+
+    return Driver
+
+
 def default_run_dir(cfg: PipelineConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = cfg.env.id.replace("/", "-").lower()
@@ -79,10 +94,9 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
         raise ConfigError("--resume needs the run directory to resume (--run-dir)")
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     from dask_rl.runtime.cluster import connect
-    from dask_rl.runtime.driver import Driver
 
     def _run(c: Any) -> dict:
-        return Driver(c, cfg, run_dir, progress=progress, resume=resume).run()
+        return trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume).run()
 
     if client is not None:
         summary = _run(client)

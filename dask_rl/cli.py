@@ -40,6 +40,27 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     e.add_argument("--seed", type=int, default=12345, help="evaluation seed")
 
+    d = sub.add_parser("dashboard", help="serve the /rl page for run directories")
+    d.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    d.add_argument("--address", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    d.add_argument("--port", type=int, default=5006, help="port (default 5006)")
+
+    pl = sub.add_parser("plot", help="learning curves of runs as an image")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    pl.add_argument("-o", "--output", default="curves.png", help="image file (default "
+                                                                  "curves.png)")
+    pl.add_argument("--title", help="figure title")
+
+    k = sub.add_parser("k8s", help="Kubernetes manifests (dask-kubernetes operator)")
+    ksub = k.add_subparsers(dest="k8s_command", required=True)
+    r = ksub.add_parser("render", help="print the manifests of a pipeline's cluster")
+    r.add_argument("pipeline", help="pipeline YAML file")
+    r.add_argument("--job", action="store_true",
+                   help="a DaskJob that trains the pipeline (with its ConfigMap) instead")
+    r.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY.PATH=VALUE", help="override a pipeline field (repeatable)")
+    r.add_argument("-o", "--output", help="write to this file instead of stdout")
+
     v = sub.add_parser("validate", help="check a pipeline without running it")
     v.add_argument("pipeline", help="pipeline YAML file")
     v.add_argument("--set", dest="overrides", action="append", default=[],
@@ -54,10 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose < 2:
         logging.getLogger("distributed").setLevel(logging.ERROR)
     try:
-        return {"train": _train, "evaluate": _evaluate, "validate": _validate}[args.command](args)
+        commands = {"train": _train, "evaluate": _evaluate, "validate": _validate,
+                    "dashboard": _dashboard, "plot": _plot, "k8s": _k8s}
+        return commands[args.command](args)
     except ConfigError as e:
         print(f"dask-rl: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RuntimeError as e:  # the run could not go on (cluster, resources, repeated failures)
+        logging.getLogger(__name__).debug("run failed", exc_info=True)
+        print(f"dask-rl: failed: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("dask-rl: interrupted", file=sys.stderr)
         return 130
@@ -100,6 +127,44 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _k8s(args: argparse.Namespace) -> int:
+    from dask_rl import k8s
+    from dask_rl.config import load_pipeline
+
+    cfg = load_pipeline(args.pipeline, args.overrides)
+    docs = k8s.render_job(cfg, Path(args.pipeline).name) if args.job else k8s.render(cfg)
+    text = k8s.dump(docs)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"dask-rl: wrote {len(docs)} manifests to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from dask_rl.dashboard.server import serve
+
+    for d in args.run_dirs:
+        if not Path(d).is_dir():
+            raise ConfigError(f"{d}: not a run directory")
+    print(f"dask-rl: dashboard at http://{args.address}:{args.port}/rl (Ctrl-C stops it)",
+          file=sys.stderr)
+    serve(args.run_dirs, address=args.address, port=args.port)
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from dask_rl.dashboard.plot import plot_runs
+
+    for d in args.run_dirs:
+        if not (Path(d) / "metrics.jsonl").exists():
+            raise ConfigError(f"{d}: no metrics.jsonl here; is it a run directory?")
+    out = plot_runs(args.run_dirs, args.output, title=args.title)
+    print(f"dask-rl: wrote {out}", file=sys.stderr)
+    return 0
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from dask_rl.checkpoint import CheckpointError, CheckpointStore
     from dask_rl.config import from_dict
@@ -135,6 +200,7 @@ class _Progress:
         self.last = 0
         self.last_print = 0.0
         self.bar = None
+        self.announced = False
         if enabled and self.tty:
             from tqdm import tqdm
 
@@ -144,6 +210,10 @@ class _Progress:
     def update(self, info: dict) -> None:
         if not self.enabled:
             return
+        if info.get("dashboard") and not self.announced:
+            self.announced = True
+            message = f"dask-rl: live dashboard at {info['dashboard']}"
+            print(message, file=sys.stderr) if self.bar is None else self.bar.write(message)
         ret = "-" if info["return"] is None else f"{info['return']:.1f}"
         ev = "" if info.get("eval") is None else f" eval={info['eval']:.1f}"
         text = f"return={ret}{ev} updates={info['updates']} {info['steps_per_s']:.0f} steps/s"

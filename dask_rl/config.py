@@ -134,7 +134,24 @@ class IMPACTConfig:
     norm_adv: bool = option(True, "normalise advantages per minibatch")
 
 
-AlgoConfig = Union[PPOConfig, IMPACTConfig]
+@dataclass(frozen=True, kw_only=True)
+class ESConfig:
+    name: Literal["es"] = option("es", "algorithm")
+    sigma: float = option(0.02, "standard deviation of the parameter perturbations", gt=0)
+    lr: float = option(0.01, "Adam step size on the mean parameters", gt=0)
+    l2: float = option(0.005, "weight decay coefficient", ge=0)
+    pairs: int = option(32, "antithetic pairs per generation (population 2N)", ge=1)
+    pairs_per_task: int = option(4, "pairs one task evaluates (make tasks last >= ~0.2 s)",
+                                 ge=1)
+    episodes: int = option(1, "episodes per perturbation", ge=1)
+    noise_table_size: int = option(10_000_000, "float32 entries of the shared noise table "
+                                               "(built on every worker)", ge=1)
+    noise_seed: int = option(123, "seed of the noise table", ge=0)
+    max_episode_steps: int | None = option(None, "cut evaluation episodes at this length", ge=1)
+    eval_every: int = option(5, "noiseless evaluation every N generations", ge=1)
+
+
+AlgoConfig = Union[PPOConfig, IMPACTConfig, ESConfig]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,12 +218,57 @@ class CheckpointConfig:
     keep: int = option(3, "checkpoints kept", ge=1)
     path: str | None = option(None, "where checkpoints go (default RUN_DIR/checkpoints); a local "
                                     "path or an fsspec URL")
+    replay_buffer: bool = option(True, "off-policy runs: write the replay buffer's trajectories "
+                                       "too (workers write them; they must reach the path)")
+    heartbeat_s: float = option(2.0, "seconds between pings of the parameter actor", gt=0)
+    actor_timeout_s: float = option(30.0, "a parameter actor silent this long is re-created "
+                                          "from the latest checkpoint", gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptConfig:
+    minimum: int = option(1, "fewest workers (in the default, rollout group)", ge=0)
+    maximum: int = option(4, "most workers", ge=1)
+    interval_s: float = option(1.0, "local: seconds between scaling decisions", gt=0)
+    wait_count: int = option(3, "local: decisions in a row before a worker is retired", ge=1)
+
+    def __post_init__(self) -> None:
+        if self.maximum < self.minimum:
+            raise ConfigError(f"maximum: must be >= minimum ({self.minimum}), "
+                              f"got {self.maximum}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecurityConfig:
+    tls_ca_file: str | None = option(None, "address: CA certificate (PEM) for tls://")
+    tls_client_cert: str | None = option(None, "address: client certificate (PEM)")
+    tls_client_key: str | None = option(None, "address: client private key (PEM)")
+    require_encryption: bool = option(True, "refuse unencrypted connections")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesConfig:
+    name: str = option("dask-rl", "DaskCluster name")
+    namespace: str = option("default", "Kubernetes namespace")
+    image: str = option("ghcr.io/dask-rl/dask-rl:0.1.0", "container image (k8s/Dockerfile)")
+    rollout_workers: int = option(2, "workers of the default (rollout) group", ge=0)
+    rollout_cpu: str = option("1", "CPU per rollout worker")
+    rollout_memory: str = option("4Gi", "memory per rollout worker")
+    learner_workers: int = option(0, "workers of the GPU learner group", ge=0)
+    learner_gpus: int = option(1, "GPUs per learner worker", ge=0)
+    learner_memory: str = option("16Gi", "memory per learner worker")
+    parameter_workers: int = option(1, "workers of the fixed parameter group (never scaled)",
+                                    ge=1)
+    parameter_memory: str = option("4Gi", "memory per parameter worker")
+    scheduler_memory: str = option("2Gi", "memory of the scheduler")
+    env: dict = option(doc="environment variables for every pod", default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
-    kind: str = option("local", "local: embedded LocalCluster; address: existing scheduler",
-                       choices=("local", "address"))
+    kind: str = option("local", "local: embedded LocalCluster; address: an existing scheduler; "
+                                "kubernetes: a DaskCluster by the dask-kubernetes operator",
+                       choices=("local", "address", "kubernetes"))
     n_workers: int = option(2, "local: worker processes", ge=1)
     threads_per_worker: int = option(1, "local: threads per worker", ge=1)
     processes: bool = option(True, "local: worker processes (False: threads in this process)")
@@ -215,6 +277,26 @@ class ClusterConfig:
     dashboard: bool = option(True, "local: serve the Dask dashboard (and the /rl page)")
     profile: bool = option(False, "local: Dask's statistical profiler on workers (it samples "
                                   "every thread every 10 ms and slows rollouts ~15%)")
+    adapt: AdaptConfig | None = option(None, "scale workers to the RL workload (None: fixed)")
+    security: SecurityConfig | None = option(None, "TLS for kind address (tls:// schedulers)")
+    kubernetes: KubernetesConfig = option(doc="kind kubernetes: the cluster to create",
+                                          default_factory=KubernetesConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PopulationConfig:
+    members: int = option(4, "population-based training: trainers run at once", ge=2)
+    ready_env_steps: int = option(20_000, "a member is ready for exploit/explore every this "
+                                          "many of its env steps", ge=1)
+    fraction: float = option(0.25, "bottom fraction replaced by copies of the top fraction",
+                             gt=0, le=0.5)
+    resample_probability: float = option(0.25, "explore: resample instead of perturbing",
+                                         ge=0, le=1)
+    perturb_factors: tuple[float, ...] = option((0.8, 1.2), "explore: multiply by one of these")
+    hyperparameters: dict = option(
+        doc="key path -> [low, high] searched (log-uniform when low > 0), e.g. learner.lr",
+        default_factory=lambda: {"learner.lr": [1e-4, 1e-3], "algo.ent_coef": [0.0, 0.03]})
+    eval_episodes: int = option(5, "greedy episodes scoring a member at each ready point", ge=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,6 +313,8 @@ class PipelineConfig:
     checkpoint: CheckpointConfig = option(doc="Zarr checkpoints",
                                           default_factory=CheckpointConfig)
     cluster: ClusterConfig = option(doc="where it runs", default_factory=ClusterConfig)
+    population: PopulationConfig | None = option(None, "population-based training over the "
+                                                       "members (None: one trainer)")
 
     def __post_init__(self) -> None:
         batch = self.env.num_envs * self.rollout.steps
@@ -239,6 +323,32 @@ class PipelineConfig:
                               f"= {batch}, got {self.learner.minibatches}")
         if self.cluster.kind == "address" and not self.cluster.address:
             raise ConfigError("cluster.address: required when cluster.kind is 'address', got None")
+        if self.population is not None:
+            if self.algo.name == "es":
+                raise ConfigError("population: population-based training trains ppo or impact "
+                                  "members, got algo.name 'es'")
+            for key, bounds in self.population.hyperparameters.items():
+                where = f"population.hyperparameters.{key}"
+                if key != "learner.lr" and not key.startswith("algo."):
+                    raise ConfigError(f"{where}: only learner.lr and algo.* hyperparameters "
+                                      f"can change during training, got {key!r}")
+                if not isinstance(self.lookup(key), (int, float)) or isinstance(
+                        self.lookup(key), bool):
+                    raise ConfigError(f"{where}: not a numeric pipeline key, got {key!r}")
+                if (not isinstance(bounds, (list, tuple)) or len(bounds) != 2
+                        or not all(isinstance(b, (int, float)) for b in bounds)
+                        or bounds[0] > bounds[1]):
+                    raise ConfigError(f"{where}: expected [low, high] with low <= high, "
+                                      f"got {bounds!r}")
+
+    def lookup(self, key: str) -> Any:
+        """The value at a key path such as ``learner.lr`` (None if there is no such key)."""
+        node: Any = self
+        for part in key.split("."):
+            if not dataclasses.is_dataclass(node) or not hasattr(node, part):
+                return None
+            node = getattr(node, part)
+        return node
 
     @property
     def batch_size(self) -> int:
@@ -506,6 +616,10 @@ def describe(cls: type = PipelineConfig, prefix: str = "",
                 rows += describe(cls_, key, variant=name)
         elif dataclasses.is_dataclass(tp):
             rows += describe(tp, key)
+        elif any(dataclasses.is_dataclass(a) for a in typing.get_args(tp)):  # optional section
+            rows.append((key, None, f.metadata.get("doc", "")))
+            rows += describe(next(a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)),
+                             key)
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             doc = f.metadata.get("doc", "")

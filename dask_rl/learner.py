@@ -16,6 +16,7 @@ makes the distributed run exactly single-process PPO.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -62,16 +63,23 @@ class Learner:
         return rewards
 
     def update(self, snapshot: PolicySnapshot, traj: Trajectory, *, lr: float,
-               seed: int, cross_policies: list[PolicySnapshot] | None = None) -> LearnerResult:
-        """Local epochs on ``traj`` from ``snapshot``; returns the update as a gradient."""
+               seed: int, cross_policies: list[PolicySnapshot] | None = None,
+               algo_overrides: dict | None = None) -> LearnerResult:
+        """Local epochs on ``traj`` from ``snapshot``; returns the update as a gradient.
+
+        ``algo_overrides`` replaces algorithm hyperparameters for this update (population-based
+        training gives each member its own).
+        """
         t0 = time.perf_counter()
         cfg, lcfg = self.cfg, self.cfg.learner
+        algo_cfg = dataclasses.replace(cfg.algo, **algo_overrides) if algo_overrides \
+            else cfg.algo
         model, flat, grad = self.model, self.flat, self.grad
         extra = {}
         if getattr(self.algo, "needs_target", False):
             extra["target_logp"] = self._target_logp(snapshot, traj)
         load_snapshot(model, snapshot)
-        batch = self.algo.prepare(traj, model, cfg.algo, device=self.device,
+        batch = self.algo.prepare(traj, model, algo_cfg, device=self.device,
                                   rewards=self.rewards(traj, snapshot), **extra)
         if cross_policies:
             batch["cross_ratio_min"] = self._cross_ratio_min(batch, cross_policies)
@@ -86,13 +94,17 @@ class Learner:
         mb_size = size // lcfg.minibatches
         epoch_stats: list[dict] = []
         epochs_run = 0
+        finite = True
         for _ in range(lcfg.epochs):
             perm = torch.randperm(size, generator=generator).to(self.device)
             epoch_stats = []
             for k in range(lcfg.minibatches):
                 idx = perm[k * mb_size:(k + 1) * mb_size]
                 mb = {key: value[idx] for key, value in batch.items()}
-                loss, stats = self.algo.loss(model, mb, cfg.algo, is_rho=lcfg.is_rho)
+                loss, stats = self.algo.loss(model, mb, algo_cfg, is_rho=lcfg.is_rho)
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
                 grad.zero_()
                 loss.backward()
                 if lcfg.max_grad_norm > 0:
@@ -101,12 +113,16 @@ class Learner:
                     optimizer.step(flat, grad, lr)
                 epoch_stats.append(stats)
             epochs_run += 1
-            target_kl = getattr(cfg.algo, "target_kl", None)
+            if not finite:
+                break
+            target_kl = getattr(algo_cfg, "target_kl", None)
             if target_kl is not None and np.mean(
                     [s["losses/approx_kl"] for s in epoch_stats]) > target_kl:
                 break
         gradient = snapshot.params - flat.detach().cpu().numpy()
-        stats = {k: float(np.mean([s[k] for s in epoch_stats])) for k in epoch_stats[0]}
+        stats = {k: float(np.mean([s[k] for s in epoch_stats])) for k in epoch_stats[0]} \
+            if epoch_stats else {}
+        stats["learner/finite"] = finite
         stats.update(_explained_variance(batch))
         stats["learner/epochs"] = epochs_run
         stats["learner/samples"] = size

@@ -40,13 +40,15 @@ class RolloutWorker:
         self.model.eval()
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
+        self.source: str | None = None  # which parameter actor the version came from
         self.discounted = np.zeros(self.env.num_envs)  # running returns, for reward scaling
         space = self.env.single_action_space
         self._bounds = (space.low, space.high) if isinstance(space, spaces.Box) else None
 
-    def load(self, snapshot: PolicySnapshot) -> None:
+    def load(self, snapshot: PolicySnapshot, source: str | None = None) -> None:
         load_snapshot(self.model, snapshot)
         self.version = snapshot.version
+        self.source = source
 
     @torch.inference_mode()
     def collect(self, num_steps: int) -> Trajectory:

@@ -1,5 +1,7 @@
 """Zarr checkpoints: the only package that imports ``zarr``."""
 
-from dask_rl.checkpoint.store import FORMAT_VERSION, CheckpointError, CheckpointStore
+from dask_rl.checkpoint.store import (FORMAT_VERSION, CheckpointError, CheckpointStore, Pending,
+                                      read_trajectory, write_trajectory)
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointStore"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointStore", "Pending", "read_trajectory",
+           "write_trajectory"]

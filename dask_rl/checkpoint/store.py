@@ -15,17 +15,26 @@ Publication (FACTS.md, "Zarr v3"):
 
 Readers only follow ``latest``; a crash at any point leaves it naming the previous complete
 checkpoint. The last ``keep`` checkpoints are kept.
+
+Bulk data that lives on workers (an off-policy replay buffer) is written by the workers
+themselves between :meth:`CheckpointStore.begin` and :meth:`CheckpointStore.commit`, under
+``replay/<i>`` of the pending group (:func:`write_trajectory`), and read back by workers
+(:func:`read_trajectory`); it never passes through the driver.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
 import warnings
+import zlib
 from typing import Any
 
 import numpy as np
+
+from dask_rl.types import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -94,29 +103,47 @@ class CheckpointStore:
     # ---- writing ------------------------------------------------------------------------------
     def save(self, state: dict[str, Any], *, meta: dict[str, Any] | None = None) -> str:
         """Write ``state`` (nested dicts of arrays and JSON scalars) as the next checkpoint."""
+        return self.commit(self.begin(), state, meta=meta)
+
+    def begin(self) -> "Pending":
+        """Start the next checkpoint; workers may write replay data under ``pending.url``."""
         zarr = _zarr()
         if self.is_local:
             os.makedirs(self.root, exist_ok=True)
         existing = self.names()
         seq = int(_NAME.match(existing[-1]).group(1)) + 1 if existing else 0
         name = f"ckpt-{seq:08d}"
+        url = self._path(name + ".tmp" if self.is_local else name)
+        group = zarr.open_group(self._store(url), mode="w")
+        group.require_group("replay")
+        return Pending(name, url)
+
+    def commit(self, pending: "Pending", state: dict[str, Any], *,
+               meta: dict[str, Any] | None = None, replay: int = 0) -> str:
+        """Write the driver's part, consolidate, publish; ``replay`` trajectories were written
+        by workers under ``replay/0 .. replay/<replay - 1>``."""
+        zarr = _zarr()
         arrays: dict[str, np.ndarray] = {}
         scalars = _split(state, "", arrays)
         attrs = {"format_version": FORMAT_VERSION, "state": scalars, "meta": meta or {},
-                 "arrays": sorted(arrays)}
-        target = self._path(name + ".tmp" if self.is_local else name)
-        store = target if self.is_local else self._fsspec_store(name)
-        group = zarr.open_group(store, mode="w")
+                 "arrays": sorted(arrays), "replay": replay,
+                 "checksums": {k: _checksum(v) for k, v in arrays.items()}}
+        store = self._store(pending.url)
+        group = zarr.open_group(store, mode="a")
         for key, value in arrays.items():
             chunks = (max(1, (1 << 20) // max(value.itemsize, 1)),) if value.ndim == 1 else None
             group.create_array(key, data=value, chunks=chunks or "auto")
         group.attrs.update(attrs)
         zarr.consolidate_metadata(store)
         if self.is_local:
-            os.rename(target, self._path(name))
-        self._write_pointer(name)
-        self._prune(name)
-        return name
+            os.rename(pending.url, self._path(pending.name))
+        self._write_pointer(pending.name)
+        self._prune(pending.name)
+        return pending.name
+
+    def url(self, name: str) -> str:
+        """Where checkpoint ``name`` lives (for workers reading its replay data)."""
+        return self._path(name)
 
     def _write_pointer(self, name: str) -> None:
         if self.is_local:
@@ -174,6 +201,7 @@ class CheckpointStore:
             raise CheckpointError(f"{path}: format version {version} is newer than this dask-rl "
                                   f"reads ({FORMAT_VERSION}); upgrade dask-rl")
         arrays: dict[str, np.ndarray] = {}
+        checksums = attrs.get("checksums", {})
         for key in attrs.get("arrays", []):
             try:
                 arr = group[key]
@@ -184,8 +212,13 @@ class CheckpointStore:
                 raise
             except Exception as e:
                 raise CheckpointError(f"{path}: array {key} is damaged or missing: {e}") from None
+            # Missing chunk files read back as fill values: only a checksum tells.
+            if checksums.get(key) != _checksum(arrays[key]):
+                raise CheckpointError(f"{path}: array {key} is damaged or missing "
+                                      f"(checksum mismatch)")
         state = _join(attrs["state"], arrays, "")
-        meta = attrs.get("meta", {})
+        meta = dict(attrs.get("meta", {}))
+        meta["replay"] = int(attrs.get("replay", 0))
         _check_expectations(path, meta, state, expect or {})
         return state, meta
 
@@ -224,9 +257,14 @@ class CheckpointStore:
         return f"{self.root}/{name}"
 
     def _fsspec_store(self, name: str):
+        return self._store(self._path(name))
+
+    def _store(self, url: str):
+        if self.is_local:
+            return url
         from zarr.storage import FsspecStore
 
-        return FsspecStore.from_url(self._path(name))
+        return FsspecStore.from_url(url)
 
     def _read_text(self, name: str) -> str | None:
         try:
@@ -237,6 +275,68 @@ class CheckpointStore:
                 return f.read()
         except FileNotFoundError:
             return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """A checkpoint being written: its final name and where its data goes meanwhile."""
+
+    name: str
+    url: str
+
+
+def _open_store(url: str):
+    if "://" in url and not url.startswith("file://"):
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(url)
+    return url.removeprefix("file://")
+
+
+def write_trajectory(url: str, index: int, traj: Trajectory) -> None:
+    """Write one trajectory under ``replay/<index>`` of a pending checkpoint (on a worker)."""
+    zarr = _zarr()
+    group = zarr.open_group(_open_store(url), mode="a").require_group(f"replay/{index}")
+    scalars = {}
+    for f in dataclasses.fields(traj):
+        value = getattr(traj, f.name)
+        if isinstance(value, np.ndarray):
+            group.create_array(f.name, data=value, overwrite=True)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                group.create_array(f"{f.name}/{k}", data=v, overwrite=True)
+            scalars[f.name] = sorted(value)
+        else:
+            scalars[f.name] = value
+    group.attrs.update({"trajectory": scalars})
+
+
+def read_trajectory(url: str, index: int) -> Trajectory:
+    """Read back a trajectory written by :func:`write_trajectory` (on a worker)."""
+    zarr = _zarr()
+    try:
+        group = zarr.open_group(_open_store(url), mode="r")[f"replay/{index}"]
+        scalars = dict(group.attrs["trajectory"])
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(Trajectory):
+            if f.name in scalars and isinstance(scalars[f.name], list):  # a dict of arrays
+                kwargs[f.name] = {k: group[f"{f.name}/{k}"][...] for k in scalars[f.name]}
+            elif f.name in scalars:
+                kwargs[f.name] = scalars[f.name]
+            else:
+                arr = group[f.name]
+                if arr.dtype.kind not in _ALLOWED_KINDS:
+                    raise CheckpointError(f"{url}: replay/{index}/{f.name} has dtype {arr.dtype}")
+                kwargs[f.name] = arr[...]
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{url}: replay/{index} is damaged or missing: {e}") from None
+    return Trajectory(**kwargs)
+
+
+def _checksum(a: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) ^ a.size
 
 
 def _split(state: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:

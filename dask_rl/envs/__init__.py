@@ -17,8 +17,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from dask_rl.config import EnvConfig
 
-__all__ = ["make_vector_env", "env_spaces", "check_env_id", "is_atari", "reward_threshold",
-           "episode_stats"]
+__all__ = ["make_env", "make_vector_env", "env_spaces", "check_env_id", "is_atari",
+           "reward_threshold", "episode_stats"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,6 +66,12 @@ def _make_one(cfg: EnvConfig, training: bool) -> gym.Env:
         return make_atari(cfg, training=training)
     env = gym.make(cfg.id, **cfg.kwargs)
     return gym.wrappers.RecordEpisodeStatistics(env)
+
+
+def make_env(cfg: EnvConfig, *, training: bool = False) -> gym.Env:
+    """One environment (not vectorised), wrapped as for evaluation; the caller seeds resets."""
+    _register_optional()
+    return _make_one(cfg, training)
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int | None = None, *, seed: int,

@@ -14,9 +14,10 @@ from torch import nn
 
 from dask_rl.config import ModelConfig
 from dask_rl.types import PolicySnapshot
-from dask_rl.models.actor_critic import ActorCritic, NatureCNNActorCritic
+from dask_rl.models.actor_critic import ActorCritic, DeterministicPolicy, NatureCNNActorCritic
 
-__all__ = ["ActorCritic", "NatureCNNActorCritic", "make_model", "get_flat", "set_flat",
+__all__ = ["ActorCritic", "DeterministicPolicy", "NatureCNNActorCritic", "make_model",
+           "make_policy", "get_flat", "set_flat",
            "num_parameters", "load_snapshot", "resolve_device", "flatten_"]
 
 
@@ -41,6 +42,18 @@ def make_model(obs_space: spaces.Space, action_space: spaces.Space, cfg: ModelCo
     finally:
         if seed is not None:
             torch.random.set_rng_state(gen_state)
+
+
+def make_policy(obs_space: spaces.Space, action_space: spaces.Space, cfg: ModelConfig,
+                *, normalize_obs: bool = False, seed: int | None = None) -> DeterministicPolicy:
+    """The deterministic MLP policy that evolution strategies perturb."""
+    gen_state = torch.random.get_rng_state()
+    if seed is not None:
+        torch.manual_seed(seed)
+    try:
+        return DeterministicPolicy(obs_space, action_space, cfg, normalize_obs=normalize_obs)
+    finally:
+        torch.random.set_rng_state(gen_state)
 
 
 def get_flat(model: nn.Module) -> np.ndarray:

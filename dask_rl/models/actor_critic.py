@@ -165,6 +165,35 @@ class NatureCNNActorCritic(_Policy):
         return self.v_head(self._features(obs)).squeeze(-1)
 
 
+class DeterministicPolicy(nn.Module):
+    """An MLP from observations to actions, for evolution strategies: argmax over logits for
+    discrete actions, the output clipped to the bounds for continuous ones."""
+
+    def __init__(self, obs_space: spaces.Box, action_space: spaces.Space, cfg: ModelConfig,
+                 *, normalize_obs: bool = False):
+        super().__init__()
+        n_in = int(np.prod(obs_space.shape))
+        self.obs_norm = ObsNormalizer(n_in) if normalize_obs else None
+        act = nn.Tanh if cfg.activation == "tanh" else nn.ReLU
+        self.body, n_feat = _mlp(n_in, cfg.hidden, act)
+        self.discrete = isinstance(action_space, spaces.Discrete)
+        n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.head = _layer(n_feat, n_out, gain=0.01)
+        if not self.discrete:
+            self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
+
+    @torch.inference_mode()
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.reshape(obs.shape[0], -1).float()
+        if self.obs_norm is not None:
+            x = self.obs_norm(x)
+        out = self.head(self.body(x))
+        if self.discrete:
+            return out.argmax(-1)
+        return torch.max(torch.min(out, self.high), self.low)
+
+
 def _conv(c_in: int, c_out: int, k: int, s: int) -> nn.Conv2d:
     conv = nn.Conv2d(c_in, c_out, k, s)
     nn.init.orthogonal_(conv.weight, math.sqrt(2))

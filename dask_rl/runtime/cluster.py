@@ -1,4 +1,6 @@
-"""Clients for the ``cluster:`` section: an embedded LocalCluster or an existing scheduler."""
+"""Clients for the ``cluster:`` section: an embedded LocalCluster, an existing scheduler (TCP
+or TLS), or a DaskCluster created by the dask-kubernetes operator; with ``cluster.adapt``,
+adaptive scaling driven by the scheduler-side RL policy (:mod:`dask_rl.runtime.adaptive`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,17 @@ from dask_rl.config import ClusterConfig
 
 logger = logging.getLogger(__name__)
 
+DASHBOARD_PRELOAD = "dask_rl.runtime.dashboard"  # the /rl page (see that module)
+ADAPTIVE_PRELOAD = "dask_rl.runtime.adaptive"    # the RL-aware adaptive target
+
+
+def rl_page(client: Client) -> str | None:
+    """The URL of the ``/rl`` page, if the scheduler serves a dashboard."""
+    link = getattr(client, "dashboard_link", None)
+    if not link:
+        return None
+    return link.rsplit("/", 1)[0] + "/rl"
+
 
 @contextlib.contextmanager
 def connect(cfg: ClusterConfig, *, address: str | None = None,
@@ -24,9 +37,14 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
     """
     address = address or (cfg.address if cfg.kind == "address" else None)
     if address:
-        with Client(address) as client:
+        with Client(address, security=_security(cfg)) as client:
             yield client
         return
+    if cfg.kind == "kubernetes":
+        with _kubernetes(cfg) as client:
+            yield client
+        return
+    preloads = [ADAPTIVE_PRELOAD] + ([DASHBOARD_PRELOAD] if cfg.dashboard else [])
     with dask.config.set({"distributed.worker.profile.enabled": cfg.profile}):
         cluster = LocalCluster(
             n_workers=n_workers or cfg.n_workers,
@@ -34,8 +52,12 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
             processes=cfg.processes,
             memory_limit=cfg.memory_limit,
             dashboard_address=":8787" if cfg.dashboard else None,
+            scheduler_kwargs={"preload": preloads},
             silence_logs=logging.ERROR,
         )
+    if cfg.adapt is not None:
+        cluster.adapt(minimum=cfg.adapt.minimum, maximum=cfg.adapt.maximum,
+                      interval=f"{cfg.adapt.interval_s}s", wait_count=cfg.adapt.wait_count)
     try:
         # Results and actor calls go straight to the workers of a local cluster.
         with Client(cluster, direct_to_workers=True) as client:
@@ -44,14 +66,76 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
         cluster.close()
 
 
+def _security(cfg: ClusterConfig):
+    if cfg.security is None:
+        return None
+    from distributed.security import Security
+
+    s = cfg.security
+    return Security(tls_ca_file=s.tls_ca_file, tls_client_cert=s.tls_client_cert,
+                    tls_client_key=s.tls_client_key, require_encryption=s.require_encryption)
+
+
+@contextlib.contextmanager
+def _kubernetes(cfg: ClusterConfig) -> Iterator[Client]:
+    """A DaskCluster through the dask-kubernetes operator (extra ``k8s``).
+
+    Not exercised here (no API server can run on these machines): the manifests it creates
+    are the ones ``dask-rl k8s render`` prints, which the tests validate against the CRDs.
+    """
+    try:
+        from dask_kubernetes.operator import KubeCluster
+    except ImportError:
+        raise RuntimeError("cluster.kind kubernetes needs the 'k8s' extra "
+                           "(pip install 'dask-rl[k8s]')") from None
+    from dask_rl.k8s import render_cluster_spec, render_worker_groups
+
+    k = cfg.kubernetes
+    spec = {"apiVersion": "kubernetes.dask.org/v1", "kind": "DaskCluster",
+            "metadata": {"name": k.name, "namespace": k.namespace},
+            "spec": _config_spec(cfg, render_cluster_spec)}
+    cluster = KubeCluster(custom_cluster_spec=spec, namespace=k.namespace)
+    try:
+        for group in _config_spec(cfg, render_worker_groups):
+            name = group["metadata"]["name"].removeprefix(f"{k.name}-")
+            cluster.add_worker_group(name, n_workers=group["spec"]["worker"]["replicas"],
+                                     custom_spec=group["spec"]["worker"])
+        if cfg.adapt is not None:
+            cluster.adapt(minimum=cfg.adapt.minimum, maximum=cfg.adapt.maximum)
+        with Client(cluster) as client:
+            yield client
+    finally:
+        cluster.close()
+
+
+def _config_spec(cfg: ClusterConfig, render):
+    """Render with a pipeline that has this cluster section (the renderers take pipelines)."""
+    from dask_rl.config import PipelineConfig
+
+    return render(PipelineConfig(cluster=cfg))
+
+
+def special_workers(client: Client) -> tuple[list[str], list[str]]:
+    """(parameter-group workers, GPU workers): those offering the ``parameter`` / ``GPU``
+    resources."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    param = [a for a, w in workers.items() if w.get("resources", {}).get("parameter")]
+    gpu = [a for a, w in workers.items() if w.get("resources", {}).get("GPU")]
+    return param, gpu
+
+
 def place_slots(client: Client, num_slots: int) -> dict[int, str]:
     """Spread rollout slots over the workers in proportion to their threads.
 
     Rollout tasks are submitted with their slot's worker as a *loose* restriction, so a slot's
     environments (and its unfinished episodes) stay on one worker, and the task still runs
-    elsewhere if that worker is gone.
+    elsewhere if that worker is gone. Workers of the parameter and GPU learner groups are left
+    to their jobs when there are others.
     """
     workers = client.scheduler_info(n_workers=-1)["workers"]
+    param, gpu = special_workers(client)
+    plain = {a: w for a, w in workers.items() if a not in param and a not in gpu}
+    workers = plain or workers
     seats = [addr for addr, w in sorted(workers.items()) for _ in range(w.get("nthreads", 1))]
     if not seats:
         return {}

@@ -8,6 +8,12 @@ algorithms (IMPACT, ``algo.replay > 1``) keep the futures of recent trajectories
 buffer and replay each up to ``replay`` times when learners would otherwise idle — the data
 stays on its worker.
 
+Failures: a lost rollout or learner worker costs only its tasks, which Dask re-runs; a lost
+(or hung) parameter actor is noticed by the supervisor's heartbeat or by failing tasks, and the
+driver re-creates it from the latest checkpoint (one is written at the start), drops the work
+in flight — gradients computed on versions newer than the checkpoint are never applied — and
+goes on. Each recovery is logged, written to metrics.jsonl and counted in the summary.
+
 Rollouts and learners never wait for each other, unless the aggregation strategy is
 ``synchronous``: then rollouts run in rounds, each round on the version the previous round's
 update produced. A trajectory completed while ``rollout.max_ready`` are already waiting pauses
@@ -19,32 +25,26 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 import time
-import uuid
-from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
-from distributed import Client, Future, wait
+from distributed import Future, wait
 
-from dask_rl.checkpoint import CheckpointStore
-from dask_rl.config import PipelineConfig, to_dict
-from dask_rl.envs import env_spaces, reward_threshold
-from dask_rl.metrics import MetricsLog
+from dask_rl.checkpoint import Pending
+from dask_rl.config import to_dict
+from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat, make_model
 from dask_rl.models.normalizer import empty_moments
+from dask_rl.runtime.adaptive import LOAD_TOPIC
 from dask_rl.runtime.cluster import place_slots
-from dask_rl.runtime.handle import ActorHandle
-from dask_rl.runtime.parameter_actor import ParameterActor
-from dask_rl.runtime.plugins import RunState, register_torch_sizeof
-from dask_rl.runtime.tasks import evaluate_task, learner_task, rollout_task
+from dask_rl.runtime.tasks import (evaluate_task, learner_task, read_replay_task,
+                                   rollout_task, write_replay_task)
+from dask_rl.runtime.trainer import RECENT_EPISODES, Trainer
 from dask_rl.staleness import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 5
-RECENT_EPISODES = 20
 
 
 @dataclasses.dataclass
@@ -54,102 +54,102 @@ class _Task:
     learner_id: str = ""
     trajectory: Future | None = None
     first_use: bool = True    # learner: the trajectory's first learning (not a replay)
+    concurrent: int = 0       # learner: learners in flight when it was launched, itself included
 
 
-class Driver:
-    """Runs one pipeline on a connected client; :meth:`run` returns the summary.
+class Driver(Trainer):
+    """The asynchronous trainer (PPO, IMPACT); :meth:`run` returns the summary.
 
-    Parameters
-    ----------
-    client
-        A connected ``distributed.Client``.
-    cfg
-        The validated pipeline.
-    run_dir
-        Where ``summary.json``, ``metrics.jsonl`` and ``checkpoints/`` go.
-    progress
-        Called with a small dict after every learner result (the CLI's progress bar).
+    Takes the arguments of :class:`~dask_rl.runtime.trainer.Trainer`; ``progress`` is called
+    after every learner result.
     """
 
-    def __init__(self, client: Client, cfg: PipelineConfig, run_dir: str | os.PathLike, *,
-                 progress: Callable[[dict], None] | None = None, resume: bool = False):
-        self.client = client
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.progress = progress
-        self.resume = resume
-        self.run_name = f"dask-rl-{uuid.uuid4().hex[:8]}"
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg = self.cfg
         self.synchronous = STRATEGIES[cfg.aggregation.strategy].synchronous
-        self.target = (cfg.stop.target_return if cfg.stop.target_return is not None
-                       else reward_threshold(cfg.env.id))
-        # counters (checkpointed)
-        self.env_steps = 0
-        self.env_steps_learned = 0
-        self.updates = 0
+        # counters, checkpointed
         self.learner_seq = 0
         self.rollout_seq = 0
-        self.evals = 0
-        self.wall_offset = 0.0
-        self.best_return: float | None = None
-        self.last_eval: dict | None = None
-        self.recoveries = 0
-        self.learners_done = 0
         # live state
+        self.env_steps_collected = 0
+        self.learners_done = 0
         self.inflight: dict[Future, _Task] = {}
         self.ready: collections.deque[Future] = collections.deque()
         self.replay = getattr(cfg.algo, "replay", 1)
-        # circular buffer of (trajectory future, times learned), newest last
+        # circular buffer of [trajectory future, times learned], newest last
         self.replay_buffer: collections.deque[list] = collections.deque(
             maxlen=getattr(cfg.algo, "buffer_size", 1))
         self.idle_slots: list[int] = []
-        self.returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
-        self.episodes = 0
         self.failures = collections.Counter()
+        # every completed trajectory is learned from or deliberately dropped, and counted
+        self.trajectories_produced = 0
+        self.trajectories_consumed = 0
         self.dropped_trajectories = 0
+        self.cancelled_rollouts = 0
         self.learner_busy_s = 0.0
         self.rollout_busy_s = 0.0
         self.trajectory_bytes = 0
-        self.stop_reason: str | None = None
         self.draining = False
         self.last_eval_updates = -1
-        self.last_checkpoint = 0.0
+        self.last_load_report = 0.0
+        self.rollout_ema = 0.0  # seconds per rollout / learner task, for the adaptive policy
+        self.learner_ema = 0.0
+        # per-trainer hyperparameters (population-based training): learner.lr and algo.*
+        self.hparams: dict[str, float] = {}
 
-    # ---- set-up --------------------------------------------------------------------------------
-    def _setup(self) -> None:
+    # ---- hooks ---------------------------------------------------------------------------------
+    def initial_params(self) -> tuple[np.ndarray, dict | None]:
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        register_torch_sizeof()
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", client=self.client,
-                                  run=self.run_name)
-        self.store = CheckpointStore(cfg.checkpoint.path or self.run_dir / "checkpoints",
-                                     keep=cfg.checkpoint.keep)
+        self._check_resources()
         obs_space, action_space = env_spaces(cfg.env)
         model = make_model(obs_space, action_space, cfg.model,
                            normalize_obs=cfg.env.normalize_obs, seed=cfg.seed)
-        params = get_flat(model)
-        self.num_params = len(params)
         moments = {}
         if cfg.env.normalize_obs:
             moments["obs"] = empty_moments(int(np.prod(obs_space.shape)))
         if cfg.env.normalize_reward:
             moments["return"] = empty_moments(1)
-        self._check_resources()
-        self.client.register_plugin(RunState(self.run_name, cfg), name=self.run_name)
-        keep = 4 * cfg.learner.max_learners if cfg.learner.is_truncation else 0
-        self.actor = ActorHandle(self.client.submit(
-            ParameterActor, params, cfg.aggregation, moments=moments, keep_versions=keep,
-            learners=cfg.learner.max_learners,
-            target_every=getattr(cfg.algo, "target_update_every", None), actor=True, pure=False,
-            key=f"parameter-actor-{self.run_name}").result())
-        if self.resume:
-            self._restore()
+        return get_flat(model), moments or None
+
+    def driver_state(self) -> dict:
+        return {"learner_seq": self.learner_seq, "rollout_seq": self.rollout_seq}
+
+    def load_driver_state(self, d: dict) -> None:
+        self.learner_seq = int(d["learner_seq"])
+        self.rollout_seq = int(d["rollout_seq"])
+        self.env_steps_collected = self.env_steps
+
+    def write_extra(self, pending: Pending) -> tuple[int, dict]:
+        """An off-policy run's replay buffer, written by the workers holding it."""
+        replay = [entry for entry in self.replay_buffer if entry[0].status == "finished"]
+        if not replay or not self.cfg.checkpoint.replay_buffer:
+            return 0, {}
+        wait([self.client.submit(write_replay_task, pending.url, i, entry[0], pure=False)
+              for i, entry in enumerate(replay)])
+        return len(replay), {"replay_uses": [entry[1] for entry in replay]}
+
+    def restore_extra(self, name: str, meta: dict) -> None:
+        """Reload a checkpoint's replay buffer onto the workers (never through the driver)."""
+        self.replay_buffer.clear()
+        url = self.store.url(name)
+        for i, uses in enumerate(meta.get("replay_uses", [])[:meta.get("replay", 0)]):
+            self.replay_buffer.append(
+                [self.client.submit(read_replay_task, url, i, pure=False), uses])
+
+    def summary_extra(self, actor_metrics: dict) -> dict:
+        wall = self.elapsed()
         threads = sum(self.client.nthreads().values())
-        self.num_actors = cfg.rollout.num_actors or threads
-        self.slot_workers = place_slots(self.client, self.num_actors)
-        self.last_rescale = time.time()
-        logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
-                    self.run_name, self.num_actors, cfg.learner.max_learners, threads,
-                    cfg.aggregation.strategy)
+        return {"strategy": self.cfg.aggregation.strategy,
+                "env_steps_collected": self.env_steps_collected,
+                "trajectories_produced": self.trajectories_produced,
+                "trajectories_consumed": self.trajectories_consumed,
+                "dropped_trajectories": self.dropped_trajectories,
+                "cancelled_rollouts": self.cancelled_rollouts,
+                "trajectory_bytes": self.trajectory_bytes,
+                "learner_time_share": self.learner_busy_s / max(wall * threads, 1e-9),
+                "rollout_time_share": self.rollout_busy_s / max(wall * threads, 1e-9),
+                "num_actors": self.num_actors}
 
     def _check_resources(self) -> None:
         gpus = self.cfg.learner.gpus
@@ -164,49 +164,38 @@ class Driver:
                 f"(workers offer {have or 'nothing'}); start workers with --resources GPU=1 or "
                 f"set learner.gpus: 0")
 
-    def _restore(self) -> None:
-        state, meta, name = self.store.load_latest_good(
-            expect={"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
-                    "num_params": self.num_params})
-        self.actor.call("load_state_dict", state["actor"])
-        d = state["driver"]
-        self.env_steps = self.env_steps_learned = int(d["env_steps"])
-        self.updates = int(state["actor"]["version"])
-        self.learner_seq = int(d["learner_seq"])
-        self.rollout_seq = int(d["rollout_seq"])
-        self.evals = int(d["evals"])
-        self.wall_offset = float(d["wall_s"])
-        self.best_return = d.get("best_return")
-        self.recoveries = int(d.get("recoveries", 0))
-        self.episodes = int(d.get("episodes", 0))
-        self.returns.extend(d.get("recent_returns", []))
-        logger.info("resumed from %s at %d env steps, version %d", name, self.env_steps,
-                    self.updates)
-        self.metrics.write("resume", {"checkpoint": name, "env_steps": self.env_steps,
-                                      "updates": self.updates})
-
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> dict:
         """Train until a stop condition holds; returns the summary (also in summary.json)."""
-        self.t0 = time.time()
-        self._setup()
         try:
+            self.open()
+            threads = sum(self.client.nthreads().values())
+            self.num_actors = self.cfg.rollout.num_actors or threads
+            self.slot_workers = place_slots(self.client, self.num_actors)
+            self.known_workers = set(self.client.nthreads())
+            self.last_rescale = time.time()
+            logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
+                        self.run_name, self.num_actors, self.cfg.learner.max_learners, threads,
+                        self.cfg.aggregation.strategy)
             self.metrics.write("run", {"event": "start", "config": to_dict(self.cfg),
                                        "num_actors": self.num_actors})
             for slot in range(self.num_actors):
                 self._submit_rollout(slot)
-            self.last_checkpoint = time.time()
             while not self._finished():
                 for fut in self._wait_some(0.5):
-                    self._handle(fut, self.inflight.pop(fut))
+                    if fut in self.inflight:  # a recovery may have cleared it meanwhile
+                        self._handle(fut, self.inflight.pop(fut))
+                if self.supervisor.heartbeat_due() and not self.supervisor.alive():
+                    self._recover("the parameter actor missed its heartbeat")
                 self._check_stop()
                 self._rescale()
                 self._refill()
                 self._maybe_evaluate()
-                self._maybe_checkpoint()
+                self._report_load()
+                self.maybe_checkpoint()
             return self._finish()
         finally:
-            self._teardown()
+            self.close(list(self.inflight))
 
     def _wait_some(self, timeout: float) -> list[Future]:
         """Futures that completed within ``timeout`` seconds (possibly none)."""
@@ -215,9 +204,6 @@ class Driver:
         except TimeoutError:
             return []
         return list(done)
-
-    def elapsed(self) -> float:
-        return time.time() - self.t0 + self.wall_offset
 
     def _finished(self) -> bool:
         if self.stop_reason is None:
@@ -231,11 +217,12 @@ class Driver:
     def _check_stop(self) -> None:
         if self.stop_reason is not None:
             return
-        stop = self.cfg.stop
-        if self.env_steps >= stop.env_steps:
+        reason = self.budget_reason()
+        if reason == "env_steps" or (reason is None and self.env_steps_collected
+                                     >= self.cfg.stop.env_steps):
             self.stop_reason, self.draining = "env_steps", True
-        elif stop.wall_s is not None and self.elapsed() >= stop.wall_s:
-            self.stop_reason = "wall_s"
+        elif reason == "wall_s":
+            self.stop_reason = reason
 
     def _handle(self, fut: Future, task: _Task) -> None:
         if fut.status != "finished":
@@ -243,19 +230,23 @@ class Driver:
             return
         self.failures[task.kind] = 0
         if task.kind == "rollout":
-            self.env_steps += self.cfg.batch_size
+            self.trajectories_produced += 1
+            self.env_steps_collected += self.cfg.batch_size
             self.ready.append(fut)
             if task.slot < self.num_actors:
                 self.idle_slots.append(task.slot)
         elif task.kind == "learner":
-            self._on_learner(fut.result(), first_use=task.first_use)
+            self._on_learner(fut.result(), task)
         elif task.kind == "eval":
-            self._on_eval(fut.result())
+            self.record_eval(fut.result())
 
     def _failed(self, fut: Future, task: _Task) -> None:
         exc = fut.exception() if fut.status == "error" else None
+        logger.warning("%s task %s: %r", task.kind, fut.status, exc)
+        if not self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
+            self._recover(f"a {task.kind} task failed and the parameter actor is gone: {exc!r}")
+            return
         self.failures[task.kind] += 1
-        logger.warning("%s task %s: %s", task.kind, fut.status, exc)
         if self.failures[task.kind] >= MAX_CONSECUTIVE_FAILURES:
             raise RuntimeError(f"{self.failures[task.kind]} {task.kind} tasks failed in a row; "
                                f"last error: {exc!r}") from exc
@@ -263,30 +254,78 @@ class Driver:
             self.idle_slots.append(task.slot)
         elif task.kind == "learner":
             self.actor.submit("learner_lost", task.learner_id)
+            self.dropped_trajectories += task.first_use
+
+    def _drop_pending(self, tasks) -> None:
+        """Count what a stop or a recovery throws away: ready trajectories and those whose
+        first learner is cancelled are dropped; unfinished rollouts are cancelled."""
+        tasks = list(tasks)
+        self.dropped_trajectories += len(self.ready) + sum(
+            t.kind == "learner" and t.first_use for t in tasks)
+        self.cancelled_rollouts += sum(t.kind == "rollout" for t in tasks)
+
+    # ---- recovery ------------------------------------------------------------------------------
+    def _recover(self, reason: str) -> None:
+        """Re-create the parameter actor from the latest checkpoint and carry on.
+
+        Everything in flight talks to the lost actor, and trajectories waiting for learners may
+        be lost with their workers (Dask would recompute them with the old actor's handle): all
+        of it is dropped and counted. Gradients computed on versions newer than the checkpoint
+        die with their learner tasks, so none is ever applied.
+        """
+        lost = list(self.inflight)
+        self._drop_pending(self.inflight.values())
+        self.idle_slots = sorted({*self.idle_slots, *(t.slot for t in self.inflight.values()
+                                                      if t.kind == "rollout")})
+        self.inflight.clear()
+        self.ready.clear()
+        self.replay_buffer.clear()
+        if lost:
+            self.client.cancel(lost)
+        self.replace_actor(reason)
+        self.failures.clear()
+        self.last_eval_updates = -1
 
     # ---- launching -----------------------------------------------------------------------------
-    def _rescale(self) -> None:
-        """Follow the cluster: one rollout slot per worker thread (unless fixed by config).
+    def _report_load(self) -> None:
+        """Tell the scheduler's adaptive policy what this trainer wants (once a second)."""
+        now = time.time()
+        if now - self.last_load_report < 1.0:
+            return
+        self.last_load_report = now
+        kinds = collections.Counter(t.kind for t in self.inflight.values())
+        self.client.log_event(LOAD_TOPIC, {
+            "run": self.run_name, "rollouts": kinds["rollout"], "ready": len(self.ready),
+            "learners": kinds["learner"], "max_learners": self.cfg.learner.max_learners,
+            "rollout_s": self.rollout_ema, "learner_s": self.learner_ema,
+            "gpu": self.cfg.learner.gpus > 0, "time": now})
 
-        Learners follow on their own: one is launched per completed trajectory, so more slots
-        mean more learners, up to ``learner.max_learners`` (Stellaris' orchestration).
+    def _rescale(self) -> None:
+        """Follow the cluster as workers come and go (adaptive scaling, failures).
+
+        Rollout slots are spread over the current workers again, and, unless
+        ``rollout.num_actors`` fixes it, there is one slot per worker thread. Learners follow
+        on their own: one is launched per completed trajectory, so more slots mean more
+        learners, up to ``learner.max_learners`` (Stellaris' orchestration).
         """
-        if self.cfg.rollout.num_actors is not None or time.time() - self.last_rescale < 1.0:
+        if time.time() - self.last_rescale < 1.0:
             return
         self.last_rescale = time.time()
-        threads = sum(self.client.nthreads().values())
-        if threads == 0 or threads == self.num_actors:
+        nthreads = self.client.nthreads()
+        if not nthreads or set(nthreads) == self.known_workers:
             return
+        self.known_workers = set(nthreads)
         old = self.num_actors
-        self.num_actors = threads
-        self.slot_workers = place_slots(self.client, threads)
-        if threads > old:
-            self.idle_slots.extend(range(old, threads))
+        new = self.cfg.rollout.num_actors or sum(nthreads.values())
+        self.num_actors = new
+        self.slot_workers = place_slots(self.client, new)
+        if new > old:
+            self.idle_slots.extend(range(old, new))
         # Slots beyond the new count are retired: their tasks finish, they are not resubmitted.
-        self.idle_slots = [s for s in self.idle_slots if s < threads]
-        self.metrics.write("rescale", {"slots": threads, "previous": old,
+        self.idle_slots = [s for s in self.idle_slots if s < new]
+        self.metrics.write("rescale", {"slots": new, "previous": old, "workers": len(nthreads),
                                        "env_steps": self.env_steps})
-        logger.info("cluster now has %d worker threads: %d rollout slots", threads, threads)
+        logger.info("%d workers: %d rollout slots", len(nthreads), new)
 
     def _refill(self) -> None:
         self._launch_learners()
@@ -341,28 +380,35 @@ class Driver:
             seed = int(np.random.SeedSequence([self.cfg.seed, 1, self.learner_seq])
                        .generate_state(1)[0])
             kwargs = {"resources": {"GPU": cfg.gpus}} if cfg.gpus > 0 else {}
+            overrides = {k.split(".", 1)[1]: v for k, v in self.hparams.items()
+                         if k.startswith("algo.")}
             fut = self.client.submit(learner_task, self.run_name, traj, self.actor, lid,
-                                     self._learning_rate(), seed, pure=False,
+                                     self._learning_rate(), seed, overrides or None, pure=False,
                                      key=f"learner-{lid}-{self.run_name}", **kwargs)
-            self.inflight[fut] = _Task("learner", learner_id=lid, trajectory=traj,
-                                       first_use=first_use)
             running += 1
+            self.inflight[fut] = _Task("learner", learner_id=lid, trajectory=traj,
+                                       first_use=first_use, concurrent=running)
 
     def _learning_rate(self) -> float:
         cfg = self.cfg.learner
+        lr = self.hparams.get("learner.lr", cfg.lr)
         if not cfg.anneal_lr:
-            return cfg.lr
-        frac = 1.0 - self.env_steps_learned / self.cfg.stop.env_steps
-        return cfg.lr * max(frac, 0.01)
+            return lr
+        frac = 1.0 - self.env_steps / self.cfg.stop.env_steps
+        return lr * max(frac, 0.01)
 
     # ---- results -------------------------------------------------------------------------------
-    def _on_learner(self, stats: dict, first_use: bool = True) -> None:
+    def _on_learner(self, stats: dict, task: _Task) -> None:
+        first_use = task.first_use
         self.updates = max(self.updates, stats["version_after"])
         self.learner_busy_s += stats["learner/task_s"]
+        self.learner_ema = _ema(self.learner_ema, stats["learner/task_s"])
+        self.rollout_ema = _ema(self.rollout_ema, stats["rollout/collect_s"])
         returns = stats.pop("episode_returns")
         lengths = stats.pop("episode_lengths")
         if first_use:  # a replay learns from the same steps and episodes again
-            self.env_steps_learned += stats["env_steps"]
+            self.trajectories_consumed += 1
+            self.env_steps += stats["env_steps"]
             self.rollout_busy_s += stats["rollout/collect_s"]
             self.trajectory_bytes += stats["trajectory_bytes"]
             self.returns.extend(returns)
@@ -370,11 +416,13 @@ class Driver:
         else:
             returns, lengths = [], []
         stats["replay"] = not first_use
+        stats["learners/in_flight"] = task.concurrent
         self.learners_done += 1
         record = {
-            "env_steps": self.env_steps, "env_steps_learned": self.env_steps_learned,
+            "env_steps": self.env_steps, "env_steps_collected": self.env_steps_collected,
             "updates": self.updates, "wall_s": self.elapsed(),
-            "steps_per_s": self.env_steps / max(self.elapsed() - self.wall_offset, 1e-9),
+            "steps_per_s": self.env_steps_collected / max(self.elapsed() - self.wall_offset,
+                                                          1e-9),
             "charts/episodic_return": float(np.mean(returns)) if returns else None,
             "charts/episodic_length": float(np.mean(lengths)) if lengths else None,
             "charts/return_recent": self.recent_return(), "episodes": self.episodes,
@@ -387,7 +435,8 @@ class Driver:
             self.progress({"env_steps": self.env_steps, "total": self.cfg.stop.env_steps,
                            "return": self.recent_return(), "updates": self.updates,
                            "steps_per_s": record["steps_per_s"],
-                           "eval": self.last_eval and self.last_eval["mean_return"]})
+                           "eval": self.last_eval and self.last_eval["mean_return"],
+                           "dashboard": self.dashboard})
 
     def _end_round(self) -> None:
         """A round: one trajectory per rollout slot learned. The strategy may adapt to it."""
@@ -395,9 +444,6 @@ class Driver:
         m = self.actor.call("round_end", **({"reward": reward} if reward is not None else {}))
         self.metrics.write("round", {"env_steps": self.env_steps, "wall_s": self.elapsed(),
                                      "charts/return_recent": reward, **m})
-
-    def recent_return(self) -> float | None:
-        return float(np.mean(self.returns)) if self.returns else None
 
     # ---- evaluation ----------------------------------------------------------------------------
     def _maybe_evaluate(self) -> None:
@@ -422,94 +468,23 @@ class Driver:
         self.inflight[fut] = _Task("eval")
         return fut
 
-    def _on_eval(self, result: dict) -> None:
-        self.last_eval = result
-        ret = result["mean_return"]
-        self.best_return = ret if self.best_return is None else max(self.best_return, ret)
-        self.metrics.write("eval", {"env_steps": self.env_steps, "updates": self.updates,
-                                    "wall_s": self.elapsed(), **result})
-        logger.info("greedy evaluation at %d steps (version %d): %.1f", self.env_steps,
-                    result["version"], ret)
-        if (self.cfg.stop.solve_on_target and self.target is not None and ret >= self.target
-                and self.stop_reason is None):
-            self.stop_reason = "solved"
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def _maybe_checkpoint(self) -> None:
-        every = self.cfg.checkpoint.every_s
-        if every > 0 and time.time() - self.last_checkpoint >= every:
-            self.checkpoint()
-
-    def checkpoint(self) -> str:
-        """Write the actor's and the driver's state as one checkpoint now."""
-        t0 = time.perf_counter()
-        actor_state = self.actor.call("state_dict")
-        driver = {"env_steps": self.env_steps_learned, "learner_seq": self.learner_seq,
-                  "rollout_seq": self.rollout_seq, "evals": self.evals,
-                  "wall_s": self.elapsed(), "best_return": self.best_return,
-                  "recoveries": self.recoveries, "episodes": self.episodes,
-                  "recent_returns": list(self.returns)}
-        meta = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
-                "config": to_dict(self.cfg), "env_steps": self.env_steps_learned,
-                "updates": actor_state["version"], "time": time.time()}
-        name = self.store.save({"actor": actor_state, "driver": driver}, meta=meta)
-        self.last_checkpoint = time.time()
-        seconds = time.perf_counter() - t0
-        self.metrics.write("checkpoint", {"name": name, "seconds": seconds,
-                                          "env_steps": self.env_steps,
-                                          "updates": actor_state["version"]})
-        return name
-
     # ---- the end -------------------------------------------------------------------------------
     def _finish(self) -> dict:
         cancelled = [f for f, t in self.inflight.items() if t.kind != "eval"]
-        self.dropped_trajectories += len(self.ready) + sum(
-            self.inflight[f].kind == "rollout" for f in cancelled)
+        self._drop_pending([self.inflight[f] for f in cancelled])
         if cancelled:
             self.client.cancel(cancelled)
         self.inflight = {f: t for f, t in self.inflight.items() if t.kind == "eval"}
         self.ready.clear()
         self.replay_buffer.clear()
+        if not self.supervisor.alive():
+            self._recover("the parameter actor was lost at the end of the run")
         final = self.last_eval
         if self.stop_reason != "solved" or final is None:
             final = self._submit_eval().result()
-            self._on_eval(final)
-        actor_metrics = self.actor.call("metrics")
-        self.checkpoint()
-        wall = self.elapsed()
-        threads = sum(self.client.nthreads().values())
-        summary = {
-            "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
-            "strategy": self.cfg.aggregation.strategy,
-            "env_steps": self.env_steps, "env_steps_learned": self.env_steps_learned,
-            "updates": actor_metrics["version"], "wall_s": wall,
-            "steps_per_s": self.env_steps / max(wall - self.wall_offset, 1e-9),
-            "final_return": final["mean_return"], "final_return_std": final["std_return"],
-            "best_return": self.best_return, "target_return": self.target,
-            "solved": self.target is not None and final["mean_return"] >= self.target,
-            "stop_reason": self.stop_reason,
-            "staleness_mean": actor_metrics["staleness/mean"],
-            "staleness_max": actor_metrics["staleness/max"],
-            "gradients_applied": actor_metrics["gradients/applied"],
-            "gradients_dropped": actor_metrics["gradients/dropped"],
-            "gradients_rejected": actor_metrics["gradients/rejected"],
-            "recoveries": self.recoveries, "episodes": self.episodes,
-            "dropped_trajectories": self.dropped_trajectories,
-            "trajectory_bytes": self.trajectory_bytes,
-            "learner_time_share": self.learner_busy_s / max(wall * threads, 1e-9),
-            "rollout_time_share": self.rollout_busy_s / max(wall * threads, 1e-9),
-            "actor_apply_share": actor_metrics["actor/apply_s"] / max(wall, 1e-9),
-            "worker_threads": threads, "num_actors": self.num_actors, "run": self.run_name,
-        }
-        self.metrics.write("run", {"event": "end", **summary})
-        return summary
+            self.record_eval(final)
+        return self.summary(final)
 
-    def _teardown(self) -> None:
-        try:
-            if self.inflight:
-                self.client.cancel(list(self.inflight))
-            self.client.unregister_worker_plugin(self.run_name)
-        except Exception:
-            logger.debug("teardown", exc_info=True)
-        if hasattr(self, "metrics"):
-            self.metrics.close()
+
+def _ema(previous: float, value: float, weight: float = 0.2) -> float:
+    return value if previous == 0.0 else (1 - weight) * previous + weight * value

@@ -3,7 +3,9 @@
 A task that calls an actor living on its own worker would otherwise go through a loop-back RPC
 and three thread hand-offs (~3 ms on a busy 2-core machine, measured); the handle finds the
 actor object in the worker's state and calls it directly under the actor's lock (~10 us).
-Anywhere else it is an ordinary actor call.
+Anywhere else it is an ordinary actor call. Every call gives up after ``timeout`` seconds, so
+a task never hangs forever on a hung actor: it fails, its thread is freed, and the driver's
+recovery takes over.
 
 Examples
 --------
@@ -19,8 +21,9 @@ from distributed import Actor, get_worker
 
 
 class ActorHandle:
-    def __init__(self, actor: Actor):
+    def __init__(self, actor: Actor, *, timeout: float | None = None):
         self.actor = actor
+        self.timeout = timeout
 
     @property
     def key(self) -> str:
@@ -34,11 +37,17 @@ class ActorHandle:
         return worker.state.actors.get(self.actor.key)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``method`` and wait for its result."""
+        """Call ``method`` and wait for its result (at most ``timeout`` seconds)."""
         local = self._local()
-        if local is not None:
+        if local is None:
+            return getattr(self.actor, method)(*args, **kwargs).result(timeout=self.timeout)
+        if not local.lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
+            raise TimeoutError(f"the parameter actor {self.key} was busy for more than "
+                               f"{self.timeout} s")
+        try:  # the method takes the (re-entrant) lock again, instantly
             return getattr(local, method)(*args, **kwargs)
-        return getattr(self.actor, method)(*args, **kwargs).result()
+        finally:
+            local.lock.release()
 
     def submit(self, method: str, *args: Any, **kwargs: Any):
         """Start ``method`` without waiting; returns an ActorFuture (driver side)."""

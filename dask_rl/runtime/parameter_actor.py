@@ -113,8 +113,13 @@ class ParameterActor:
 
     @_locked
     def push(self, gradient: np.ndarray, version: int, learner_id: str, *,
-             opt_state: dict | None = None, moments: dict | None = None) -> dict:
-        """A learner's gradient, computed on ``version``. Returns what became of it."""
+             opt_state: dict | None = None, moments: dict | None = None,
+             finite_loss: bool = True) -> dict:
+        """A learner's gradient, computed on ``version``. Returns what became of it.
+
+        A gradient with NaN or infinite values, of the wrong size, or from a learner whose loss
+        was not finite is rejected: counted, never applied.
+        """
         t0 = time.perf_counter()
         self.pushes += 1
         if moments and self.current.moments:
@@ -122,11 +127,12 @@ class ParameterActor:
             merged = {k: merge_moments(v, moments[k]) if k in moments else v
                       for k, v in self.current.moments.items()}
             self.current = PolicySnapshot(self.current.version, self.current.params, merged)
-        if gradient.shape != self.current.params.shape or not np.isfinite(gradient).all():
+        problem = ("wrong shape" if gradient.shape != self.current.params.shape
+                   else "a non-finite loss" if not finite_loss
+                   else "NaN or inf values" if not np.isfinite(gradient).all() else None)
+        if problem:
             self.rejected += 1
-            logger.warning("rejected a gradient from %s: %s", learner_id,
-                           "wrong shape" if gradient.shape != self.current.params.shape
-                           else "NaN or inf values")
+            logger.warning("rejected a gradient from %s: %s", learner_id, problem)
             self._execute(self.strategy.on_learner_lost(learner_id))
             return {"status": "rejected", "version": self.current.version}
         gid = next(self.ids)
@@ -144,6 +150,11 @@ class ParameterActor:
         return {"status": status, "staleness": staleness, "version": self.current.version}
 
     @_locked
+    def ping(self) -> int:
+        """The current version (the driver's heartbeat)."""
+        return self.current.version
+
+    @_locked
     def learner_lost(self, learner_id: str) -> int:
         """The driver saw a learner task fail: release any barrier waiting for it."""
         self._execute(self.strategy.on_learner_lost(learner_id))
@@ -156,6 +167,23 @@ class ParameterActor:
         self._execute(self.strategy.on_round_end(**signals))
         self.apply_s += time.perf_counter() - t0
         return self.metrics()
+
+    @_locked
+    def adopt(self, state: dict) -> int:
+        """Take over another trainer's parameters, learners' optimizer state, statistics and
+        target network (PBT's exploit step); counts as one update."""
+        if np.asarray(state["params"]).shape != self.current.params.shape:
+            raise ValueError("cannot adopt parameters of another shape")
+        self._execute(self.strategy.on_replaced())
+        self.current = PolicySnapshot(self.strategy.version,
+                                      np.array(state["params"], np.float32),
+                                      state.get("moments") or self.current.moments)
+        self.opt_state = state.get("learner_opt")
+        if self.target_every:
+            self.target = state.get("target") if state.get("target") is not None \
+                else self.current.params
+        self._remember(self.current)
+        return self.current.version
 
     @_locked
     def snapshot(self, version: int) -> PolicySnapshot | None:

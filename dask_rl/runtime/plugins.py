@@ -2,9 +2,11 @@
 
 :class:`RunState` is registered once per run and holds, on every worker, the live rollout
 environments (one :class:`~dask_rl.rollout.RolloutWorker` per rollout slot seen there, so
-episodes continue across tasks), the policy version each of them holds, and one learner per
-worker thread. It also pins torch to the worker's share of the cores and teaches
-``dask.sizeof`` the real size of torch tensors (FACTS.md: otherwise 80 bytes).
+episodes continue across tasks), the policy version each of them holds, one learner per
+worker thread, and for evolution strategies the shared noise table — built from its seed when
+the plugin is set up on the worker (workers that join later build their own), never sent over
+the network — and one ES evaluator per thread. It also pins torch to the worker's share of the
+cores and teaches ``dask.sizeof`` the real size of torch tensors (FACTS.md: otherwise 80 bytes).
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ class RunState(WorkerPlugin):
         self.rollout_workers: dict[int, Any] = {}
         self.created: dict[int, int] = {}
         self.learners: dict[int, Any] = {}
+        self.es_workers: dict[int, Any] = {}
         self.spaces = None
+        self.noise = None
+        if self.cfg.algo.name == "es":
+            self.noise = noise_table(self.cfg.algo.noise_seed, self.cfg.algo.noise_table_size)
 
     def teardown(self, worker: Any) -> None:
         for rw in self.rollout_workers.values():
@@ -89,6 +95,34 @@ class RunState(WorkerPlugin):
                 ln = Learner(self.cfg, *spaces)
                 self.learners[ident] = ln
             return ln
+
+
+    def es_worker(self):
+        """This thread's evaluator of perturbed policies."""
+        from dask_rl.es_worker import ESWorker
+
+        ident = threading.get_ident()
+        with self.lock:
+            w = self.es_workers.get(ident)
+            if w is None:
+                w = self.es_workers[ident] = ESWorker(self.cfg, self.noise)
+            return w
+
+
+_TABLES: dict[tuple[int, int], np.ndarray] = {}
+_TABLES_LOCK = threading.Lock()
+
+
+def noise_table(seed: int, size: int) -> np.ndarray:
+    """The ES noise table, built once per worker process and shared by its runs."""
+    from dask_rl.algos import es
+
+    with _TABLES_LOCK:
+        key = (seed, size)
+        if key not in _TABLES:
+            _TABLES.clear()  # one table at a time: they are large
+            _TABLES[key] = es.noise_table(seed, size)
+        return _TABLES[key]
 
 
 def run_state(name: str) -> RunState:

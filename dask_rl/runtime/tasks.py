@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from dask_rl.runtime.plugins import run_state
 from dask_rl.types import Trajectory
 
@@ -20,14 +22,17 @@ def rollout_task(run: str, slot: int, actor: Any) -> Trajectory:
     """Collect ``rollout.steps`` steps on slot ``slot``'s environments with the newest policy."""
     state = run_state(run)
     rw = state.rollout_worker(slot)
-    snapshot = actor.call("pull", newer_than=rw.version)
+    # A re-created actor restarts from an older version: a cached version only counts if it
+    # came from this very actor.
+    held = rw.version if rw.source == actor.key else -1
+    snapshot = actor.call("pull", newer_than=held)
     if snapshot is not None:
-        rw.load(snapshot)
+        rw.load(snapshot, source=actor.key)
     return rw.collect(state.cfg.rollout.steps)
 
 
 def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: float,
-                 seed: int) -> dict:
+                 seed: int, algo_overrides: dict | None = None) -> dict:
     """Pull the current version, learn from ``traj``, push the gradient; return statistics."""
     t0 = time.perf_counter()
     state = run_state(run)
@@ -39,10 +44,12 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
         cross = [s for s in (actor.call("snapshot", v) for v in versions
                              if v != snapshot.version) if s is not None]
     t_pulled = time.perf_counter()
-    result = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross)
+    result = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross,
+                            algo_overrides=algo_overrides)
     t_learned = time.perf_counter()
     ack = actor.call("push", result.gradient, result.version, learner_id,
-                     opt_state=result.opt_state, moments=traj.moments)
+                     opt_state=result.opt_state, moments=traj.moments,
+                     finite_loss=result.stats["learner/finite"])
     t_pushed = time.perf_counter()
     stats = dict(result.stats)
     stats.update({
@@ -68,3 +75,56 @@ def evaluate_task(run: str, actor: Any, episodes: int, seed: int) -> dict:
     snapshot = actor.call("pull")
     return evaluate(state.cfg, snapshot, episodes=episodes, seed=seed)
 
+
+
+def write_replay_task(url: str, index: int, traj: Trajectory) -> int:
+    """Write a replay-buffer trajectory into a pending checkpoint, from its worker."""
+    from dask_rl.checkpoint import write_trajectory
+
+    write_trajectory(url, index, traj)
+    return traj.nbytes
+
+
+def read_replay_task(url: str, index: int) -> Trajectory:
+    """Read a checkpointed replay-buffer trajectory back into worker memory."""
+    from dask_rl.checkpoint import read_trajectory
+
+    return read_trajectory(url, index)
+
+
+def es_evaluate_task(run: str, actor: Any, version: int, indices, seeds) -> dict:
+    """Evaluate antithetic pairs around the mean parameters of ``version``: scalars back."""
+    w = run_state(run).es_worker()
+    if w.source != actor.key or w.version != version:
+        snapshot = actor.call("pull")
+        if snapshot.version != version:
+            raise RuntimeError(f"generation {version} is gone: the actor is at version "
+                               f"{snapshot.version}")
+        w.load(snapshot, source=actor.key)
+    return w.evaluate(indices, seeds)
+
+
+def es_update_task(run: str, actor: Any, version: int, indices, weights, moments) -> dict:
+    """The ES update, computed beside the parameters from the local noise table."""
+    from dask_rl.algos import es
+
+    state = run_state(run)
+    snapshot = actor.call("pull")
+    g = es.weighted_noise(weights, indices, state.noise, len(snapshot.params))
+    direction = es.descent_direction(g, snapshot.params, state.cfg.algo.l2)
+    ack = actor.call("push", direction, version, "es", moments=moments)
+    ack["grad_norm"] = float(np.linalg.norm(g))
+    return ack
+
+
+def es_noiseless_task(run: str, actor: Any, episodes: int, seed: int) -> dict:
+    """The ES "greedy" evaluation: the mean parameters without noise."""
+    w = run_state(run).es_worker()
+    snapshot = actor.call("pull")
+    w.load(snapshot, source=actor.key)
+    return w.noiseless(episodes, seed)
+
+
+def copy_parameters_task(source: Any, destination: Any) -> int:
+    """PBT's exploit: one trainer's actor takes over another's state, worker to worker."""
+    return destination.call("adopt", source.call("state_dict"))

@@ -122,6 +122,18 @@ class Strategy:
             self.stats.lost_learners += 1
         return self._drain()
 
+    def on_replaced(self) -> list[Decision]:
+        """The parameters were replaced wholesale (population-based training's exploit).
+
+        Buffered gradients were computed on weights that no longer exist: they are dropped.
+        The replacement counts as one update, so every learner still computing sees its
+        gradient as (at least) one version stale.
+        """
+        drop = self._drop(tuple(self.buffer)) if self.buffer else None
+        self.version += 1
+        self.stats.updates += 1
+        return [drop] if drop else []
+
     def on_round_end(self, **signals: float) -> list[Decision]:
         """The driver finished a training round (one batch per rollout slot).
 

@@ -54,7 +54,7 @@ def _measure(client, monkeypatch, tmp_path, tcp):
                            client=client, run_dir=tmp_path / "bytes")
     s = result.summary
     produced = s["trajectory_bytes"]
-    per_trajectory = produced / (s["env_steps_learned"] / samples)
+    per_trajectory = produced / (s["env_steps"] / samples)
     print(f"client received {received}, trajectories produced {produced} bytes")
     assert produced > 4_000_000
     assert received["messages"] > 0 and received["scheduler_side"] > 0

@@ -62,6 +62,11 @@ def test_rollout_slots_and_learners_follow_the_cluster(tmp_path):
     rescales = [r for r in records if r["kind"] == "rescale"]
     assert rescales and rescales[-1]["slots"] == 2
     assert result.summary["num_actors"] == 2
-    # more slots, more trajectories at once: learners in flight rise above one
-    after = [r for r in records if r["kind"] == "learner" and r["time"] > rescales[0]["time"]]
-    assert after, "no learning after the cluster grew"
+    # learners follow the rollout slots: more slots, more batches, more learners per second
+    grew = rescales[0]["time"]
+    before = [r["time"] for r in records if r["kind"] == "learner" and r["time"] < grew]
+    after = [r["time"] for r in records if r["kind"] == "learner" and r["time"] > grew]
+    assert len(before) >= 5 and len(after) >= 5
+    rate_before = len(before) / (grew - before[0])
+    rate_after = len(after) / (after[-1] - grew)
+    assert rate_after > 1.3 * rate_before, (rate_before, rate_after)

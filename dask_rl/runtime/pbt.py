@@ -1,0 +1,220 @@
+"""Population-based training (Jaderberg et al., 2017) over asynchronous trainers.
+
+``population.members`` trainers (PPO or IMPACT :class:`~dask_rl.runtime.driver.Driver` s, each
+with its own parameter actor and run directory ``members/m<i>``) train at once on the same
+cluster, each from hyperparameters sampled from ``population.hyperparameters``. Whenever a
+member has taken another ``ready_env_steps`` steps it is *ready*: it is scored by a greedy
+evaluation and, if it ranks in the bottom ``fraction`` of the latest scores, it exploits a
+random member of the top fraction — its parameter actor adopts the winner's weights, learner
+optimizer state and statistics in a task that moves them worker to worker, never through the
+client — and explores: the copied hyperparameters are perturbed by 0.8 / 1.2 or resampled.
+Every decision is a lineage record, in ``metrics.jsonl``, the checkpoints and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from distributed import Client
+
+from dask_rl.algos import pbt
+from dask_rl.checkpoint import CheckpointStore
+from dask_rl.config import PipelineConfig, to_dict
+from dask_rl.metrics import MetricsLog
+from dask_rl.runtime.driver import Driver
+from dask_rl.runtime.tasks import copy_parameters_task, evaluate_task
+
+logger = logging.getLogger(__name__)
+
+
+class PBTDriver:
+    """Runs a population of trainers with exploit / explore; :meth:`run` returns the summary."""
+
+    def __init__(self, client: Client, cfg: PipelineConfig, run_dir, *,
+                 progress: Callable[[dict], None] | None = None, resume: bool = False):
+        self.client = client
+        self.cfg = cfg
+        self.pop = cfg.population
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.resume = resume
+        self.space = {k: (float(lo), float(hi)) for k, (lo, hi) in
+                      self.pop.hyperparameters.items()}
+        self.rng = np.random.default_rng(cfg.seed)
+        self.lineage: list[dict] = []
+        self.scores: dict[int, float] = {}
+        self.first_scores: dict[int, float] = {}
+        self.next_ready: list[int] = [self.pop.ready_env_steps] * self.pop.members
+        self.members: list[Driver] = []
+        self.results: dict[int, dict] = {}
+        self.errors: dict[int, BaseException] = {}
+
+    def _member_config(self, i: int) -> PipelineConfig:
+        # Each member is an ordinary trainer with its own seed and no population of its own.
+        return dataclasses.replace(self.cfg, seed=self.cfg.seed * 1000 + i, population=None)
+
+    def run(self) -> dict:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", client=self.client,
+                                  run=f"pbt-{int(t0)}")
+        self.store = CheckpointStore(self.run_dir / "checkpoints", keep=self.cfg.checkpoint.keep)
+        try:
+            state = self._restore() if self.resume else None
+            for i in range(self.pop.members):
+                member = Driver(self.client, self._member_config(i),
+                                self.run_dir / "members" / f"m{i}", resume=self.resume,
+                                name=f"pbt-m{i}-{int(t0)}")
+                if state is None:
+                    member.hparams = pbt.sample(self.space, self.rng)
+                    self._log({"event": "start", "member": i, "parent": None,
+                               "hparams": member.hparams, "env_steps": 0})
+                else:
+                    member.hparams = state["hparams"][i]
+                self.members.append(member)
+            threads = [threading.Thread(target=self._train, args=(i,), daemon=True,
+                                        name=f"pbt-member-{i}")
+                       for i in range(self.pop.members)]
+            for t in threads:
+                t.start()
+            last_checkpoint = time.time()
+            while any(t.is_alive() for t in threads):
+                time.sleep(0.5)
+                for i, member in enumerate(self.members):
+                    if i not in self.results and member.env_steps >= self.next_ready[i]:
+                        self._ready(i)
+                if time.time() - last_checkpoint >= max(self.cfg.checkpoint.every_s, 1.0):
+                    self.checkpoint()
+                    last_checkpoint = time.time()
+                if self.progress is not None:
+                    self.progress(self._progress())
+            if self.errors:
+                i, err = next(iter(self.errors.items()))
+                raise RuntimeError(f"population member {i} failed: {err!r}") from err
+            self.checkpoint()
+            return self._summary(time.time() - t0)
+        finally:
+            self.metrics.close()
+
+    def _train(self, i: int) -> None:
+        try:
+            self.results[i] = self.members[i].run()
+        except BaseException as e:  # reported by the controller
+            logger.exception("population member %d failed", i)
+            self.errors[i] = e
+
+    # ---- exploit and explore -------------------------------------------------------------------
+    def _ready(self, i: int) -> None:
+        member = self.members[i]
+        self.next_ready[i] = member.env_steps + self.pop.ready_env_steps
+        try:
+            score = self.client.submit(evaluate_task, member.run_name, member.actor,
+                                       self.pop.eval_episodes, 50_000 + len(self.lineage),
+                                       pure=False).result()["mean_return"]
+        except Exception as e:  # the member is finishing or recovering: score it next time
+            logger.info("could not score member %d: %r", i, e)
+            return
+        self.scores[i] = score
+        self.first_scores.setdefault(i, score)
+        self._log({"event": "ready", "member": i, "score": score, "env_steps": member.env_steps,
+                   "hparams": dict(member.hparams)})
+        candidates = {m: s for m, s in self.scores.items() if m not in self.results}
+        if len(candidates) < 2:
+            return
+        for e in pbt.truncation_selection(candidates, self.pop.fraction, self.rng):
+            if e.loser == i:
+                self._exploit(i, e.winner)
+
+    def _exploit(self, loser: int, winner: int) -> None:
+        dst, src = self.members[loser], self.members[winner]
+        version = self.client.submit(copy_parameters_task, src.actor, dst.actor,
+                                     pure=False).result()
+        old = dict(dst.hparams)
+        dst.hparams = pbt.explore(src.hparams, self.space, self.rng,
+                                  resample_probability=self.pop.resample_probability,
+                                  factors=self.pop.perturb_factors)
+        self.scores[loser] = self.scores[winner]
+        self._log({"event": "exploit", "member": loser, "parent": winner,
+                   "env_steps": dst.env_steps, "version": version, "old_hparams": old,
+                   "hparams": dict(dst.hparams), "parent_hparams": dict(src.hparams),
+                   "parent_score": self.scores[winner]})
+        logger.info("member %d copies member %d; hyperparameters %s -> %s", loser, winner, old,
+                    dst.hparams)
+
+    def _log(self, record: dict) -> None:
+        record = self.metrics.write("lineage", record)
+        self.lineage.append(record)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def checkpoint(self) -> str:
+        """The controller's state; each member checkpoints itself in its own directory."""
+        state = {"hparams": [dict(m.hparams) for m in self.members],
+                 "next_ready": list(self.next_ready), "rng": self.rng.bit_generator.state,
+                 "scores": {str(k): v for k, v in self.scores.items()},
+                 "first_scores": {str(k): v for k, v in self.first_scores.items()},
+                 "lineage": self.lineage}
+        return self.store.save({"pbt": state},
+                               meta={"algorithm": f"pbt-{self.cfg.algo.name}",
+                                     "env_id": self.cfg.env.id, "config": to_dict(self.cfg)})
+
+    def _restore(self) -> dict:
+        state, _, name = self.store.load_latest_good(
+            expect={"algorithm": f"pbt-{self.cfg.algo.name}", "env_id": self.cfg.env.id})
+        s = state["pbt"]
+        self.next_ready = [int(x) for x in s["next_ready"]]
+        self.rng.bit_generator.state = s["rng"]
+        self.scores = {int(k): v for k, v in s["scores"].items()}
+        self.first_scores = {int(k): v for k, v in s["first_scores"].items()}
+        self.lineage = list(s["lineage"])
+        logger.info("population resumed from %s", name)
+        return s
+
+    # ---- the end -------------------------------------------------------------------------------
+    def _progress(self) -> dict:
+        steps = sum(m.env_steps for m in self.members)
+        returns = [m.recent_return() for m in self.members if m.recent_return() is not None]
+        return {"env_steps": steps, "total": self.cfg.stop.env_steps * self.pop.members,
+                "return": max(returns) if returns else None,
+                "updates": sum(m.updates for m in self.members),
+                "steps_per_s": steps / max(time.time() - self.members[0].t0, 1e-9),
+                "eval": max(self.scores.values()) if self.scores else None}
+
+    def _summary(self, wall: float) -> dict:
+        members = []
+        for i, m in enumerate(self.members):
+            s = self.results[i]
+            members.append({"member": i, "final_return": s["final_return"],
+                            "best_return": s["best_return"], "env_steps": s["env_steps"],
+                            "hparams": dict(m.hparams), "first_score": self.first_scores.get(i),
+                            "exploits": sum(r["event"] == "exploit" and r["member"] == i
+                                            for r in self.lineage),
+                            "run_dir": str(m.run_dir)})
+        best = max(members, key=lambda m: m["final_return"])
+        firsts = [m["first_score"] for m in members if m["first_score"] is not None]
+        target = self.members[0].target
+        summary = {
+            "algorithm": f"pbt-{self.cfg.algo.name}", "env_id": self.cfg.env.id,
+            "env_steps": sum(m["env_steps"] for m in members),
+            "updates": sum(self.results[i]["updates"] for i in self.results), "wall_s": wall,
+            "final_return": best["final_return"], "best_member": best["member"],
+            "best_return": max(m["best_return"] or -np.inf for m in members),
+            "initial_worst_return": min(firsts) if firsts else None,
+            "target_return": target,
+            "solved": target is not None and best["final_return"] >= target,
+            "stop_reason": "members_done",
+            "staleness_mean": float(np.mean([self.results[i]["staleness_mean"]
+                                             for i in self.results])),
+            "staleness_max": max(self.results[i]["staleness_max"] for i in self.results),
+            "recoveries": sum(self.results[i]["recoveries"] for i in self.results),
+            "exploits": sum(r["event"] == "exploit" for r in self.lineage),
+            "members": members, "lineage": self.lineage,
+        }
+        self.metrics.write("run", {"event": "end", **{k: v for k, v in summary.items()
+                                                      if k not in ("lineage", "members")}})
+        return summary

@@ -1,0 +1,200 @@
+"""Fault tolerance with real worker processes: kills, a hung actor, a crashed driver."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import dask_rl
+from dask_rl.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(900)
+
+FAST = {"checkpoint": {"every_s": 2, "heartbeat_s": 0.5, "actor_timeout_s": 5}}
+
+
+def _learners_seen(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(r["kind"] == "learner" for r in read_metrics(path))
+
+
+def _when(condition, timeout=120.0):
+    t0 = time.time()
+    while not condition():
+        if time.time() - t0 > timeout:
+            raise TimeoutError("condition never held")
+        time.sleep(0.1)
+
+
+def _actor_address(client) -> str:
+    actors = client.run(lambda dask_worker: list(dask_worker.state.actors))
+    return next(addr for addr, keys in actors.items() if keys)
+
+
+def _kill_worker_running(client, prefix: str, avoid: str | None) -> str:
+    """SIGKILL the process of a worker (not ``avoid``) that is running a ``prefix`` task."""
+    def candidates():
+        return [w for w, keys in client.processing().items()
+                if w != avoid and any(str(k).startswith(prefix) for k in keys)]
+    _when(lambda: bool(candidates()))
+    victim = candidates()[0]
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    os.kill(pid, signal.SIGKILL)
+    return victim
+
+
+def _run_with_killer(tmp_path, kill, *, workers=3):
+    from distributed import Client, LocalCluster
+
+    run_dir = tmp_path / "run"
+    with LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster) as client:
+        killed = {}
+
+        def killer():
+            _when(lambda: _learners_seen(run_dir) >= 20)
+            killed["worker"] = kill(client)
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        result = dask_rl.train(dask_rl.api.resolve(
+            Path(__file__).parents[2] / "pipelines" / "ppo_cartpole.yaml",
+            ["checkpoint.every_s=2", "checkpoint.heartbeat_s=0.5",
+             "checkpoint.actor_timeout_s=5", "stop.env_steps=400000"]),
+            client=client, run_dir=run_dir)
+        thread.join(timeout=5)
+    assert killed, "the kill never happened"
+    return result.summary, read_metrics(run_dir / "metrics.jsonl")
+
+
+def test_losing_a_rollout_worker(tmp_path):
+    summary, _ = _run_with_killer(
+        tmp_path, lambda c: _kill_worker_running(c, "rollout", avoid=_actor_address(c)))
+    assert summary["solved"], summary
+    assert summary["recoveries"] == 0  # Dask re-ran the tasks; the actor was untouched
+
+
+def test_losing_a_learner_worker(tmp_path):
+    summary, _ = _run_with_killer(
+        tmp_path, lambda c: _kill_worker_running(c, "learner", avoid=_actor_address(c)))
+    assert summary["solved"], summary
+    assert summary["recoveries"] == 0
+
+
+def test_losing_the_parameter_actors_worker(tmp_path):
+    def kill_actor(client):
+        addr = _actor_address(client)
+        os.kill(client.run(os.getpid, workers=[addr])[addr], signal.SIGKILL)
+        return addr
+
+    summary, records = _run_with_killer(tmp_path, kill_actor)
+    assert summary["solved"], summary
+    assert summary["recoveries"] >= 1
+    [rec, *_] = [r for r in records if r["kind"] == "recovery"]
+    assert rec["version"] <= rec["version_lost"]  # rolled back to the checkpoint, not beyond
+    learners_after = [r for r in records if r["kind"] == "learner" and r["time"] > rec["time"]]
+    assert learners_after, "no learning after the recovery"
+    # nothing computed on the lost actor's newer versions was applied to the new one
+    assert all(r["version_pulled"] <= r["version_after"] for r in learners_after)
+
+
+def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path):
+    def hang_actor(client):
+        addr = _actor_address(client)
+
+        def hang(dask_worker):
+            [actor] = dask_worker.state.actors.values()
+            threading.Thread(target=lambda: (actor.lock.acquire(), time.sleep(120)),
+                             daemon=True).start()
+
+        client.run(hang, workers=[addr])
+        return addr
+
+    summary, records = _run_with_killer(tmp_path, hang_actor)
+    assert summary["recoveries"] >= 1 and summary["solved"], summary
+    rec = next(r for r in records if r["kind"] == "recovery")
+    before = max(r["time"] for r in records if r["kind"] == "learner" and r["time"] < rec["time"])
+    # the heartbeat (0.5 s) and the actor timeout (5 s) bound the stall
+    assert rec["time"] - before < 20, rec["time"] - before
+
+
+def test_killing_the_driver_then_resuming(pipelines, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dask_rl.cli", "train", str(pipelines / "ppo_cartpole.yaml"),
+           "--run-dir", str(run_dir), "--no-progress", "--set", "cluster.dashboard=false",
+           "--set", "checkpoint.every_s=1", "--set", "stop.solve_on_target=false",
+           "--set", "stop.env_steps=150000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    from dask_rl.checkpoint import CheckpointStore
+
+    store = CheckpointStore(run_dir / "checkpoints")
+
+    def progressed():
+        try:
+            return store.latest() is not None and store.load()[1]["env_steps"] >= 30_000
+        except Exception:
+            return False
+
+    try:
+        _when(progressed, timeout=300)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its local cluster
+        proc.wait()
+    _, meta = store.load()
+    saved_steps = meta["env_steps"]
+    resumed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    resume = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "resume"]
+    assert resume and resume[-1]["env_steps"] == saved_steps > 0
+    assert summary["env_steps"] >= 150_000
+    # the resumed run did not start from zero: fewer new steps than a whole run's worth
+    new_learners = [r for r in read_metrics(run_dir / "metrics.jsonl")
+                    if r["kind"] == "learner" and r["time"] > resume[-1]["time"]]
+    assert new_learners[0]["env_steps"] > saved_steps
+    assert summary["final_return"] >= 400, summary
+
+
+def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path):
+    import numpy as np
+
+    from dask_rl.checkpoint import CheckpointStore
+
+    root = tmp_path / "ck"
+    store = CheckpointStore(root)
+    good = store.save({"actor": {"params": np.arange(1000, dtype=np.float32), "version": 1}})
+    script = textwrap.dedent(f"""
+        import os, numpy as np, zarr
+        from dask_rl.checkpoint import CheckpointStore
+        calls = {{"n": 0}}
+        original = zarr.Group.create_array
+        def crash_after_one(self, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                os._exit(17)   # the process dies between two array writes
+            return original(self, *args, **kwargs)
+        zarr.Group.create_array = crash_after_one
+        CheckpointStore({str(root)!r}).save(
+            {{"actor": {{"params": np.zeros(1000, np.float32), "version": 2,
+                         "m": np.ones(10, np.float32)}}}})
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 17, proc.stderr
+    assert any(p.name.endswith(".tmp") for p in root.iterdir())  # the torn write is there
+    assert store.latest() == good
+    state, _ = store.load()
+    assert state["actor"]["version"] == 1
+    assert float(state["actor"]["params"][-1]) == 999.0
+    # the next save cleans up after the crash
+    store.save({"actor": {"params": np.ones(3, np.float32), "version": 3}})
+    assert not any(p.name.endswith(".tmp") for p in root.iterdir())
