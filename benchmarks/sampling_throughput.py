@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 ENVS = {
-    "CartPole-v1": {"env": {"id": "CartPole-v1", "num_envs": 8}, "rollout": {"steps": 256}},
+    "CartPole-v1": {"env": {"id": "CartPole-v1", "num_envs": 16}, "rollout": {"steps": 256}},
     "HalfCheetah-v5": {"env": {"id": "HalfCheetah-v5", "num_envs": 8}, "rollout": {"steps": 256}},
 }
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dask_rl.algos.ppo import Batch, clipped_surrogate, next_values, normalize, truncated_ratio
+from dask_rl.algos import ppo
+from dask_rl.algos.ppo import Batch, clipped_surrogate, normalize, truncated_ratio
 from dask_rl.algos.vtrace import vtrace
 from dask_rl.config import IMPACTConfig
 from dask_rl.types import Trajectory
@@ -34,21 +35,13 @@ def prepare(traj: Trajectory, model: torch.nn.Module, cfg: IMPACTConfig, *,
             target_logp: np.ndarray | None = None) -> Batch:
     """Flatten a trajectory with V-trace targets computed for the target policy."""
     T, N = traj.num_steps, traj.num_envs
-    obs = torch.as_tensor(traj.obs, device=device)
-    flat_obs = obs.reshape(T * N, *obs.shape[2:])
-    tail = [torch.as_tensor(traj.last_obs, device=device)]
-    if len(traj.trunc_index):
-        tail.append(torch.as_tensor(traj.trunc_obs, device=device))
-    values = model.value(flat_obs).reshape(T, N).cpu().numpy()
-    tail_values = model.value(torch.cat(tail)).cpu().numpy()
+    flat_obs, values_, nv = ppo.values(traj, model, device=device)
     rewards = traj.rewards.astype(np.float32) if rewards is None else rewards
-    nv = next_values(values, tail_values[:N], traj.terminated, traj.truncated, traj.trunc_index,
-                     tail_values[N:])
     if target_logp is None:  # the target is the learner's starting point
         target_logp = traj.behaviour_logp
     target_logp = np.asarray(target_logp, np.float32).reshape(T, N)
     log_rhos = target_logp - traj.behaviour_logp
-    vs, pg_adv = vtrace(log_rhos, rewards, values, nv, traj.terminated | traj.truncated,
+    vs, pg_adv = vtrace(log_rhos, rewards, values_, nv, traj.terminated | traj.truncated,
                         cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
     actions = torch.as_tensor(traj.actions, device=device)
 
@@ -62,7 +55,7 @@ def prepare(traj: Trajectory, model: torch.nn.Module, cfg: IMPACTConfig, *,
         "target_logp": flat(target_logp),
         "advantages": flat(pg_adv),
         "returns": flat(vs),
-        "values": flat(values),
+        "values": flat(values_),
     }
 
 

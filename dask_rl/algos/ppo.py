@@ -105,6 +105,24 @@ def truncated_ratio(ratio: torch.Tensor, cross_ratio_min: torch.Tensor | None,
 
 
 @torch.no_grad()
+def values(traj: Trajectory, model: torch.nn.Module, *,
+           device: torch.device) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """Flat observations ``[T*N, ...]``, ``V(s_t)`` and ``V(s_{t+1})`` (``[T, N]`` each) under
+    the learner's current critic, bootstrapped as :func:`next_values` says."""
+    T, N = traj.num_steps, traj.num_envs
+    obs = torch.as_tensor(traj.obs, device=device)
+    flat_obs = obs.reshape(T * N, *obs.shape[2:])
+    tail = [torch.as_tensor(traj.last_obs, device=device)]
+    if len(traj.trunc_index):
+        tail.append(torch.as_tensor(traj.trunc_obs, device=device))
+    v = model.value(flat_obs).reshape(T, N).cpu().numpy()
+    tail_values = model.value(torch.cat(tail)).cpu().numpy()
+    nv = next_values(v, tail_values[:N], traj.terminated, traj.truncated, traj.trunc_index,
+                     tail_values[N:])
+    return flat_obs, v, nv
+
+
+@torch.no_grad()
 def prepare(traj: Trajectory, model: torch.nn.Module, cfg: PPOConfig, *, device: torch.device,
             rewards: np.ndarray | None = None) -> Batch:
     """Flatten a trajectory into a training batch with GAE advantages and returns.
@@ -112,21 +130,11 @@ def prepare(traj: Trajectory, model: torch.nn.Module, cfg: PPOConfig, *, device:
     ``rewards`` replaces ``traj.rewards`` (the learner passes clipped or scaled ones).
     """
     T, N = traj.num_steps, traj.num_envs
-    obs = torch.as_tensor(traj.obs, device=device)
-    flat_obs = obs.reshape(T * N, *obs.shape[2:])
-    tail = [torch.as_tensor(traj.last_obs, device=device)]
-    if len(traj.trunc_index):
-        tail.append(torch.as_tensor(traj.trunc_obs, device=device))
-    tail_obs = torch.cat(tail)
-    values = model.value(flat_obs).reshape(T, N).cpu().numpy()
-    tail_values = model.value(tail_obs).cpu().numpy()
-    last_value, trunc_values = tail_values[:N], tail_values[N:]
+    flat_obs, values_, nv = values(traj, model, device=device)
     rewards = traj.rewards.astype(np.float32) if rewards is None else rewards
-    nv = next_values(values, last_value, traj.terminated, traj.truncated, traj.trunc_index,
-                     trunc_values)
     episode_end = traj.terminated | traj.truncated
-    advantages = gae(rewards, values, nv, episode_end, cfg.gamma, cfg.gae_lambda)
-    returns = advantages + values
+    advantages = gae(rewards, values_, nv, episode_end, cfg.gamma, cfg.gae_lambda)
+    returns = advantages + values_
     actions = torch.as_tensor(traj.actions, device=device)
     return {
         "obs": flat_obs,
@@ -134,7 +142,7 @@ def prepare(traj: Trajectory, model: torch.nn.Module, cfg: PPOConfig, *, device:
         "logp": torch.as_tensor(traj.behaviour_logp, device=device).reshape(-1),
         "advantages": torch.as_tensor(advantages, device=device).reshape(-1),
         "returns": torch.as_tensor(returns, device=device).reshape(-1),
-        "values": torch.as_tensor(values, device=device).reshape(-1),
+        "values": torch.as_tensor(values_, device=device).reshape(-1),
     }
 
 

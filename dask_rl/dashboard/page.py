@@ -78,7 +78,7 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
                        legend_label=key)
     gradients.legend.location = "top_left"
 
-    ckpt_src = ColumnDataSource(_empty("env_steps", "seconds"), name="checkpoints")
+    ckpt_src = ColumnDataSource(_empty("env_steps", "seconds"), name="checkpoint_data")
     rec_src = ColumnDataSource(_empty("env_steps", "y"), name="recoveries")
     checkpoints = _fig("checkpoints", "checkpoints (s to write) and recoveries (red)",
                        "env steps", "seconds")
@@ -86,7 +86,7 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
     checkpoints.scatter("env_steps", "y", source=rec_src, size=12, color="red", marker="x")
 
     pop_src = ColumnDataSource(_empty("member", "hparams", "score", "parent", "env_steps"),
-                               name="population")
+                               name="population_data")
     table = DataTable(source=pop_src, height=160, sizing_mode="stretch_width", name="population",
                       columns=[TableColumn(field="member", title="member"),
                                TableColumn(field="hparams", title="hyperparameters"),

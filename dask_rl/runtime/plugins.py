@@ -81,32 +81,31 @@ class RunState(WorkerPlugin):
                 self.spaces = (rw.env.single_observation_space, rw.env.single_action_space)
             return rw
 
+    def _per_thread(self, store: dict, make):
+        """The calling thread's object in ``store`` (networks are not shared by threads)."""
+        ident = threading.get_ident()
+        with self.lock:
+            obj = store.get(ident)
+            if obj is None:
+                obj = store[ident] = make()
+            return obj
+
     def learner(self):
-        """This thread's learner (networks are not shared between threads)."""
+        """This thread's learner."""
         from dask_rl.envs import env_spaces
         from dask_rl.learner import Learner
 
-        ident = threading.get_ident()
-        with self.lock:
-            ln = self.learners.get(ident)
-            if ln is None:
-                spaces = self.spaces or env_spaces(self.cfg.env)
-                self.spaces = spaces
-                ln = Learner(self.cfg, *spaces)
-                self.learners[ident] = ln
-            return ln
+        def make():
+            self.spaces = self.spaces or env_spaces(self.cfg.env)
+            return Learner(self.cfg, *self.spaces)
 
+        return self._per_thread(self.learners, make)
 
     def es_worker(self):
         """This thread's evaluator of perturbed policies."""
         from dask_rl.es_worker import ESWorker
 
-        ident = threading.get_ident()
-        with self.lock:
-            w = self.es_workers.get(ident)
-            if w is None:
-                w = self.es_workers[ident] = ESWorker(self.cfg, self.noise)
-            return w
+        return self._per_thread(self.es_workers, lambda: ESWorker(self.cfg, self.noise))
 
 
 _TABLES: dict[tuple[int, int], np.ndarray] = {}

@@ -15,6 +15,7 @@ Subclasses override hooks that do nothing by default: :meth:`initial_params`,
 
 from __future__ import annotations
 
+import abc
 import collections
 import logging
 import os
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 RECENT_EPISODES = 20
 
 
-class Trainer:
+class Trainer(abc.ABC):
     """Base of the drivers; :meth:`run` returns the summary.
 
     Parameters
@@ -84,9 +85,13 @@ class Trainer:
         self.t0 = time.time()
 
     # ---- hooks ---------------------------------------------------------------------------------
+    @abc.abstractmethod
     def initial_params(self) -> tuple[np.ndarray, dict | None]:
         """The actor's initial flat parameters and running statistics."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def run(self) -> dict:
+        """Train until a stop condition holds; the summary."""
 
     def actor_options(self) -> dict[str, Any]:
         """How the actor applies gradients (``optimizer``, ``aggregation``)."""

@@ -22,6 +22,7 @@ rollouts on updates (a synchronous baseline); every other strategy lets rollouts
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -81,7 +82,7 @@ class StrategyStats:
         return self.staleness_sum / self.applied if self.applied else 0.0
 
 
-class Strategy:
+class Strategy(abc.ABC):
     """Base class: bookkeeping of active learners, the buffer and the version.
 
     Examples
@@ -144,9 +145,9 @@ class Strategy:
         return self._drain()
 
     # ---- the decision rule -------------------------------------------------------------------
+    @abc.abstractmethod
     def decide(self) -> Decision:
         """One step of the rule: an update, a drop, or an empty Decision to wait."""
-        raise NotImplementedError
 
     def _drain(self) -> list[Decision]:
         out = []

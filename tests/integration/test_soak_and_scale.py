@@ -27,26 +27,16 @@ def _tiny():
             "learner": {"max_learners": 8}, "checkpoint": {"every_s": 0}}
 
 
-def test_32_thread_workers_in_process(tmp_path):
+@pytest.mark.parametrize("workers, processes", [(32, False), (16, True)],
+                         ids=["32-threads-in-process", "16-processes"])
+def test_many_workers(workers, processes, tmp_path):
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=32, threads_per_worker=1, processes=False,
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
                       dashboard_address=None, silence_logs=50) as cluster, \
             Client(cluster) as client:
-        s = dask_rl.train(_tiny(), client=client, run_dir=tmp_path / "threads").summary
-    assert s["worker_threads"] == 32 and s["num_actors"] == 32
+        s = dask_rl.train(_tiny(), client=client, run_dir=tmp_path / "many").summary
+    assert s["worker_threads"] == workers and s["num_actors"] == workers
     assert s["env_steps"] >= 20_000 and s["updates"] > 0
     assert s["trajectories_produced"] == s["trajectories_consumed"] + s["dropped_trajectories"]
-    assert s["gradients_rejected"] == 0
-
-
-def test_16_worker_processes(tmp_path):
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=16, threads_per_worker=1, processes=True,
-                      dashboard_address=None, silence_logs=50) as cluster, \
-            Client(cluster) as client:
-        s = dask_rl.train(_tiny(), client=client, run_dir=tmp_path / "procs").summary
-    assert s["worker_threads"] == 16 and s["num_actors"] == 16
-    assert s["env_steps"] >= 20_000 and s["updates"] > 0
-    assert s["trajectories_produced"] == s["trajectories_consumed"] + s["dropped_trajectories"]
+    assert s["gradients_rejected"] == 0 and s["recoveries"] == 0
