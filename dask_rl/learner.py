@@ -82,7 +82,8 @@ class Learner:
         batch = self.algo.prepare(traj, model, algo_cfg, device=self.device,
                                   rewards=self.rewards(traj, snapshot), **extra)
         if cross_policies:
-            batch["cross_ratio_min"] = self._cross_ratio_min(batch, cross_policies)
+            batch["cross_ratio_min"] = self._cross_ratio_min(batch, cross_policies,
+                                                             snapshot.version)
             load_snapshot(model, snapshot)
         model.train()
         optimizer = Adam(flat, eps=lcfg.adam_eps)
@@ -147,12 +148,17 @@ class Learner:
         return dist.log_prob(actions.reshape(n, *actions.shape[2:])).cpu().numpy()
 
     @torch.no_grad()
-    def _cross_ratio_min(self, batch: dict, policies: list[PolicySnapshot]) -> torch.Tensor:
-        """``min_i pi_theta_i(a|s) / mu(a|s)`` over the other active learners' policies."""
+    def _cross_ratio_min(self, batch: dict, policies: list[PolicySnapshot],
+                         loaded_version: int | None = None) -> torch.Tensor:
+        """``min_i pi_theta_i(a|s) / mu(a|s)`` over the other active learners' policies.
+
+        Learners holding ``loaded_version`` (the one in the network now) cost no reload.
+        """
         model = self.model
         ratios = []
-        for snap in policies:
-            load_snapshot(model, snap)
+        for snap in sorted(policies, key=lambda s: s.version != loaded_version):
+            if snap.version != loaded_version:
+                load_snapshot(model, snap)
             dist = model.policy(batch["obs"])
             ratios.append((dist.log_prob(batch["actions"]) - batch["logp"]).exp())
         return torch.stack(ratios).min(0).values

@@ -8,9 +8,9 @@ does it for its embedded clusters), this module:
 
 * collects the load reports drivers log every second as ``dask-rl-load`` events (rollout
   tasks in flight, ready trajectories, learners in flight, measured task times);
-* answers ``adaptive_target`` with the larger of Dask's own estimate for non-RL work and
-  :func:`dask_rl.scaling.target` for the RL load (reports older than ``STALE_S`` are ignored,
-  so a finished run lets the cluster shrink);
+* answers ``adaptive_target`` with :func:`dask_rl.scaling.target` for the RL load while any
+  driver reports one, and with Dask's own estimate otherwise (reports older than ``STALE_S``
+  are ignored, so a finished run lets the cluster shrink);
 * never offers a worker that holds an actor in ``workers_to_close``: adaptive scale-down would
   otherwise close the parameter actor's worker (FACTS.md).
 """
@@ -68,9 +68,8 @@ class RLAdaptive(SchedulerPlugin):
 
     def adaptive_target(self, target_duration=None) -> int:
         loads = self.loads()
-        dask_estimate = self.dask_target(target_duration)
         if not loads:
-            return dask_estimate
+            return self.dask_target(target_duration)
         workers = list(self.scheduler.workers.values())
         threads = round(sum(w.nthreads for w in workers) / len(workers)) if workers else 1
         rl = target(loads, Bounds(minimum=0, maximum=10**6, threads_per_worker=threads))

@@ -112,6 +112,19 @@ class ParameterActor:
         return cur
 
     @_locked
+    def pull_learner(self, learner_id: str, *, cross: bool = False
+                     ) -> tuple[PolicySnapshot, list[PolicySnapshot]]:
+        """All a learner task needs, in one call: the current version with the learners'
+        optimizer state and target network and, for IS truncation (``cross``), the policies
+        the other active learners hold (one snapshot per distinct version still kept)."""
+        snapshot = self.pull(learner_id=learner_id, learner_state=True)
+        others = []
+        if cross:
+            others = [self.history[v] for v in self.active_policies(exclude=learner_id)
+                      if v in self.history]
+        return snapshot, others
+
+    @_locked
     def push(self, gradient: np.ndarray, version: int, learner_id: str, *,
              opt_state: dict | None = None, moments: dict | None = None,
              finite_loss: bool = True) -> dict:
@@ -184,11 +197,6 @@ class ParameterActor:
                 else self.current.params
         self._remember(self.current)
         return self.current.version
-
-    @_locked
-    def snapshot(self, version: int) -> PolicySnapshot | None:
-        """A recent version, if still kept."""
-        return self.history.get(version)
 
     @_locked
     def active_policies(self, exclude: str | None = None) -> list[int]:

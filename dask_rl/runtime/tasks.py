@@ -37,12 +37,8 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     t0 = time.perf_counter()
     state = run_state(run)
     learner = state.learner()
-    snapshot = actor.call("pull", learner_id=learner_id, learner_state=True)
-    cross = None
-    if state.cfg.learner.is_truncation:
-        versions = actor.call("active_policies", exclude=learner_id)
-        cross = [s for s in (actor.call("snapshot", v) for v in versions
-                             if v != snapshot.version) if s is not None]
+    snapshot, cross = actor.call("pull_learner", learner_id,
+                                 cross=state.cfg.learner.is_truncation)
     t_pulled = time.perf_counter()
     result = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross,
                             algo_overrides=algo_overrides)

@@ -63,7 +63,10 @@ def test_history_keeps_recent_versions_for_is_truncation():
     for v in range(5):
         a.push(np.ones(2, np.float32), v, "L")
     assert sorted(a.history) == [3, 4, 5]
-    assert a.snapshot(1) is None and a.snapshot(4).version == 4
     a.pull(learner_id="X")
-    a.pull(learner_id="Y")
-    assert a.active_policies(exclude="X") == [5]
+    a.push(np.ones(2, np.float32), 5, "L")       # version 6; X still holds 5
+    snap, others = a.pull_learner("Y", cross=True)
+    assert snap.version == 6 and [o.version for o in others] == [5]
+    assert a.active_policies(exclude="X") == [6]
+    _, none = a.pull_learner("Z")
+    assert none == []
