@@ -265,6 +265,9 @@ class Driver(Trainer):
         self.cancelled_rollouts += sum(t.kind == "rollout" for t in tasks)
 
     # ---- recovery ------------------------------------------------------------------------------
+    def on_actor_lost(self, reason: str) -> None:
+        self._recover(reason)
+
     def _recover(self, reason: str) -> None:
         """Re-create the parameter actor from the latest checkpoint and carry on.
 
@@ -345,9 +348,10 @@ class Driver(Trainer):
     def _submit_rollout(self, slot: int) -> None:
         self.rollout_seq += 1
         where = self.slot_workers.get(slot)
+        placement = {"workers": [where], "allow_other_workers": True} if where else {}
         fut = self.client.submit(rollout_task, self.run_name, slot, self.actor, pure=False,
                                  key=f"rollout-{slot}-{self.rollout_seq}-{self.run_name}",
-                                 workers=[where] if where else None, allow_other_workers=True)
+                                 **placement)
         self.inflight[fut] = _Task("rollout", slot=slot)
 
     def _next_batch(self) -> tuple[Future, bool] | None:
@@ -408,7 +412,7 @@ class Driver(Trainer):
         lengths = stats.pop("episode_lengths")
         if first_use:  # a replay learns from the same steps and episodes again
             self.trajectories_consumed += 1
-            self.env_steps += stats["env_steps"]
+            self.env_steps += stats["trajectory_steps"]
             self.rollout_busy_s += stats["rollout/collect_s"]
             self.trajectory_bytes += stats["trajectory_bytes"]
             self.returns.extend(returns)
@@ -441,7 +445,7 @@ class Driver(Trainer):
     def _end_round(self) -> None:
         """A round: one trajectory per rollout slot learned. The strategy may adapt to it."""
         reward = self.recent_return()
-        m = self.actor.call("round_end", **({"reward": reward} if reward is not None else {}))
+        m = self.actor_call("round_end", **({"reward": reward} if reward is not None else {}))
         self.metrics.write("round", {"env_steps": self.env_steps, "wall_s": self.elapsed(),
                                      "charts/return_recent": reward, **m})
 

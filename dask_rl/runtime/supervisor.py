@@ -69,12 +69,13 @@ class ActorSupervisor:
             # would stall its successor too.
             live = [w for w in self.client.scheduler_info(n_workers=-1)["workers"] if w != avoid]
             workers = [w for w in (workers or live) if w != avoid] or None
+        placement = {"workers": workers, "allow_other_workers": True} if workers else {}
         future = self.client.submit(
             ParameterActor, self.params, self.aggregation, moments=self.moments,
             keep_versions=keep, learners=cfg.learner.max_learners, optimizer=self.optimizer,
             target_every=getattr(cfg.algo, "target_update_every", None),
-            actor=True, pure=False, workers=workers, allow_other_workers=True,
-            key=f"parameter-actor-{next(self.generation)}-{self.name}")
+            actor=True, pure=False, key=f"parameter-actor-{next(self.generation)}-{self.name}",
+            **placement)
         handle = ActorHandle(future.result(), timeout=cfg.checkpoint.actor_timeout_s)
         self._future = future  # keeps the actor alive
         return handle

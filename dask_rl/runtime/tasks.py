@@ -54,7 +54,7 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
         "policy_lag": snapshot.version - traj.policy_version,
         "episode_returns": traj.episode_returns.tolist(),
         "episode_lengths": traj.episode_lengths.tolist(),
-        "env_steps": traj.env_steps, "trajectory_bytes": traj.nbytes,
+        "trajectory_steps": traj.env_steps, "trajectory_bytes": traj.nbytes,
         "rollout/collect_s": traj.collect_s,
         "learner/pull_s": t_pulled - t0, "learner/push_s": t_pushed - t_learned,
         "learner/task_s": t_pushed - t0, "cross_policies": len(cross or ()),

@@ -158,7 +158,7 @@ class Trainer(abc.ABC):
         t0 = time.perf_counter()
         pending = self.store.begin()
         count, extra_meta = self.write_extra(pending)
-        actor_state = self.actor.call("state_dict")
+        actor_state = self.actor_call("state_dict")
         driver = {"env_steps": self.env_steps, "evals": self.evals, "wall_s": self.elapsed(),
                   "best_return": self.best_return, "recoveries": self.recoveries,
                   "episodes": self.episodes, "recent_returns": list(self.returns),
@@ -200,6 +200,20 @@ class Trainer(abc.ABC):
         self.metrics.write("resume", {"checkpoint": name, "env_steps": self.env_steps,
                                       "updates": self.updates})
 
+    def actor_call(self, method: str, *args, **kwargs):
+        """Call the parameter actor from the driver; a lost actor is re-created first."""
+        try:
+            return self.actor.call(method, *args, **kwargs)
+        except (OSError, TimeoutError) as e:
+            if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
+                raise
+            self.on_actor_lost(f"the parameter actor is gone ({e!r})")
+            return self.actor.call(method, *args, **kwargs)
+
+    def on_actor_lost(self, reason: str) -> None:
+        """Recover from a lost actor; drivers with work in flight also drop that work."""
+        self.replace_actor(reason)
+
     def replace_actor(self, reason: str) -> str:
         """Re-create a lost or hung parameter actor from the latest checkpoint."""
         self.recoveries += 1
@@ -238,7 +252,7 @@ class Trainer(abc.ABC):
             self.stop_reason = "solved"
 
     def summary(self, final: dict) -> dict:
-        actor_metrics = self.actor.call("metrics")
+        actor_metrics = self.actor_call("metrics")
         self.checkpoint()
         wall = self.elapsed()
         summary = {

@@ -34,7 +34,7 @@ def test_scheduler_policy_answers_the_adaptive_target_rpc():
         # a: 6 actors + 1 learner; b: learner-bound, 1 actor + 2 learners -> 10 threads
         assert client.sync(client.scheduler.adaptive_target) == 10
         state = client.sync(client.scheduler.rl_adaptive_state)
-        assert state["runs"] == ["a", "b"] and state["reason"] == "backlog,learner-bound"
+        assert list(state["runs"]) == ["a", "b"] and state["reason"] == "backlog,learner-bound"
 
         class Holder:
             def ping(self):
