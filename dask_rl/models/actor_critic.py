@@ -100,15 +100,26 @@ class _Policy(nn.Module):
         return action, dist.log_prob(action)
 
 
+def _input(obs_space: spaces.Box, cfg: ModelConfig,
+           normalize_obs: bool) -> tuple[int, ObsNormalizer | None, type[nn.Module]]:
+    """Input width, observation normaliser (or None) and activation of an MLP."""
+    n_in = int(np.prod(obs_space.shape))
+    return n_in, ObsNormalizer(n_in) if normalize_obs else None, (
+        nn.Tanh if cfg.activation == "tanh" else nn.ReLU)
+
+
+def _flat_obs(obs: torch.Tensor, norm: ObsNormalizer | None) -> torch.Tensor:
+    x = obs.reshape(obs.shape[0], -1).float()
+    return norm(x) if norm is not None else x
+
+
 class ActorCritic(_Policy):
     """MLP actor-critic (CleanRL's recipe: orthogonal init, small policy-head gain)."""
 
     def __init__(self, obs_space: spaces.Box, action_space: spaces.Space, cfg: ModelConfig,
                  *, normalize_obs: bool = False):
         super().__init__()
-        n_in = int(np.prod(obs_space.shape))
-        self.obs_norm = ObsNormalizer(n_in) if normalize_obs else None
-        act = nn.Tanh if cfg.activation == "tanh" else nn.ReLU
+        n_in, self.obs_norm, act = _input(obs_space, cfg, normalize_obs)
         self.pi_body, n_feat = _mlp(n_in, cfg.hidden, act)
         if cfg.separate_critic:
             self.v_body, n_v = _mlp(n_in, cfg.hidden, act)
@@ -118,8 +129,7 @@ class ActorCritic(_Policy):
         self._init_head(n_feat, action_space, cfg.log_std_init)
 
     def _input(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.reshape(obs.shape[0], -1).float()
-        return self.obs_norm(x) if self.obs_norm is not None else x
+        return _flat_obs(obs, self.obs_norm)
 
     def forward(self, obs: torch.Tensor):
         x = self._input(obs)
@@ -172,9 +182,7 @@ class DeterministicPolicy(nn.Module):
     def __init__(self, obs_space: spaces.Box, action_space: spaces.Space, cfg: ModelConfig,
                  *, normalize_obs: bool = False):
         super().__init__()
-        n_in = int(np.prod(obs_space.shape))
-        self.obs_norm = ObsNormalizer(n_in) if normalize_obs else None
-        act = nn.Tanh if cfg.activation == "tanh" else nn.ReLU
+        n_in, self.obs_norm, act = _input(obs_space, cfg, normalize_obs)
         self.body, n_feat = _mlp(n_in, cfg.hidden, act)
         self.discrete = isinstance(action_space, spaces.Discrete)
         n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
@@ -185,10 +193,7 @@ class DeterministicPolicy(nn.Module):
 
     @torch.inference_mode()
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.reshape(obs.shape[0], -1).float()
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
-        out = self.head(self.body(x))
+        out = self.head(self.body(_flat_obs(obs, self.obs_norm)))
         if self.discrete:
             return out.argmax(-1)
         return torch.max(torch.min(out, self.high), self.low)
