@@ -40,7 +40,10 @@ from dask_rl.config import (AsyncConfig, SoftsyncConfig, SSPConfig,  # noqa: E40
 from dask_rl.staleness import Arrival, make_strategy  # noqa: E402
 
 STRATEGIES = {"sync": SyncConfig(), "async": AsyncConfig(), "ssp": SSPConfig(bound=4),
-              "softsync": SoftsyncConfig(n=4), "stellaris": StellarisConfig()}
+              "softsync": SoftsyncConfig(n=4), "stellaris": StellarisConfig(),
+              # the paper's v = 3 damps a 1,000-version-stale gradient only to 1/10; v = 1
+              # (alpha0 / delta, like n-softsync) is the setting for very many learners
+              "stellaris-v1": StellarisConfig(smoothness=1.0)}
 DIM = 64
 # (parameters, seconds of one learner task measured on this machine's CPU)
 MODELS = {"MLP 64x64 (CartPole PPO)": (10_000, 0.045),

@@ -58,6 +58,7 @@ class FireReset(gym.Wrapper):
 def make_atari(cfg: EnvConfig, training: bool = True) -> gym.Env:
     import ale_py
 
+    _one_opencv_thread()
     gym.register_envs(ale_py)
     kwargs = {"frameskip": 1, **cfg.kwargs}
     env = gym.make(cfg.id, **kwargs)
@@ -72,3 +73,13 @@ def make_atari(cfg: EnvConfig, training: bool = True) -> gym.Env:
     env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
     return env
 
+
+
+def _one_opencv_thread() -> None:
+    """OpenCV resizes frames on a thread pool of its own; rollouts parallelise across workers,
+    so one thread each (otherwise a worker's frames compete with its neighbours' cores)."""
+    try:
+        import cv2
+    except ImportError:
+        return
+    cv2.setNumThreads(1)
