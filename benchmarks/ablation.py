@@ -57,7 +57,8 @@ def one_run(env_id: str, strategy: str, seed: int, budget_s: float, workdir: Pat
                  "cluster.dashboard=false", "learner.max_learners=4"]
     res = dask_rl.train(PIPELINES[env_id], run_dir=run_dir, overrides=overrides)
     s = res.summary
-    curve = [(r["wall_s"], r["charts/return_recent"]) for r in read_metrics(run_dir / "metrics.jsonl")
+    curve = [(round(r["wall_s"], 2), round(r["charts/return_recent"], 1))
+             for r in read_metrics(run_dir / "metrics.jsonl")
              if r["kind"] == "learner" and r.get("charts/return_recent") is not None]
     return {"env_id": env_id, "strategy": strategy, "seed": seed, "budget_s": budget_s,
             "final_return": s["final_return"], "updates": s["updates"],
@@ -156,7 +157,7 @@ def main() -> int:
     print("\n" + md)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}))
     out.with_suffix(".md").write_text(md + "\n")
     plot(rows, out.with_suffix(".png"))
     return 0

@@ -3,7 +3,8 @@ a short PPO run on 2 CPU workers.
 
 1. **Rollouts**: env steps/s of rollout tasks (8 Pong envs x 128 steps, Nature-CNN inference)
    on 2 workers, side by side with the raw single-process rate of the same vector env with the
-   same policy inference; the ratio is against 2 x raw.
+   same policy inference; the ratio is against 2 x raw, and against two raw processes
+   stepping at once (what this machine's two cores give two samplers without any framework).
 2. **Learners**: samples/s of the PPO learner update (4 epochs x 4 minibatches of 256 frames)
    on the CPU, and on CUDA when a GPU is visible.
 3. **A short run**: ``pipelines/ppo_pong.yaml`` for ``--pong-steps`` env steps (default 50k) on
@@ -67,10 +68,15 @@ def main() -> int:
     cfg = resolve(PIPELINE)
     plain = st.plain_rate(cfg, args.seconds)
     distributed = st.dask_rate(cfg, 2, args.seconds)
+    both = st.concurrent_plain_rate(cfg, 2, args.seconds)
     out = {"rollout": {"plain_steps_per_s": plain, "dask_2_workers_steps_per_s": distributed,
-                       "ratio_vs_2x_plain": distributed / (2 * plain)}}
-    print(f"rollouts: plain {plain:.0f} steps/s, dask-rl on 2 workers {distributed:.0f} steps/s,"
-          f" ratio vs 2x plain {out['rollout']['ratio_vs_2x_plain']:.2f}", flush=True)
+                       "plain_2_processes_at_once_steps_per_s": both,
+                       "ratio_vs_2x_plain": distributed / (2 * plain),
+                       "ratio_vs_2_plain_at_once": distributed / both}}
+    print(f"rollouts: plain {plain:.0f} steps/s, two plain processes at once {both:.0f} steps/s,"
+          f" dask-rl on 2 workers {distributed:.0f} steps/s; ratio vs 2x plain "
+          f"{out['rollout']['ratio_vs_2x_plain']:.2f}, vs two plain at once "
+          f"{out['rollout']['ratio_vs_2_plain_at_once']:.2f}", flush=True)
     out["learner"] = {"cpu_samples_per_s": learner_rate(cfg, "cpu")}
     if torch.cuda.is_available():
         out["learner"]["cuda_samples_per_s"] = learner_rate(cfg, "cuda", repeats=10)

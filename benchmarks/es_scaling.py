@@ -4,9 +4,9 @@ Runs ``pipelines/es_cartpole.yaml`` (fixed seed, no early stop) for a fixed numb
 generations on LocalClusters of 1 and 2 single-threaded workers, then reads the run's
 metrics: per-generation wall time, evaluation work (episode steps) and the update task. The
 projection to W workers is a model, labelled as such: a generation costs the evaluation work
-divided over min(W, tasks) workers, plus the scheduler's per-task cost (measured here from the
-gap between summed task time and wall time), plus the update on the parameter actor (measured),
-plus the driver's per-generation fixed cost; it states which term dominates.
+divided over min(W, tasks) workers, plus the scheduler's per-task cost (1/3,000 s: the no-op
+task rate FACTS.md measured on this stack), plus the update on the parameter actor (measured),
+plus the driver's per-generation fixed cost (measured); it states which term dominates.
 
     python benchmarks/es_scaling.py --generations 12
 

@@ -50,6 +50,17 @@ def plain_rate(cfg, seconds: float) -> float:
     return steps / (time.perf_counter() - t0)
 
 
+def concurrent_plain_rate(cfg, processes: int, seconds: float) -> float:
+    """Summed rate of ``processes`` plain processes stepping at once: what the hardware gives
+    N independent samplers here (shared caches, memory bandwidth), with no framework at all."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        return sum(pool.map(plain_rate, [cfg] * processes, [seconds] * processes))
+
+
 def dask_rate(cfg, workers: int, seconds: float) -> float:
     from distributed import Client, LocalCluster, wait
 

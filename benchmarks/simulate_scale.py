@@ -8,7 +8,8 @@ the current version, computes for a heavy-tailed time (log-normal, mean 1 time u
 — the shape of learner-task times measured on busy clusters), pushes, and pulls again. The
 number of active learners changes over time (all, then half, then all again: actors leave and
 return). The parameter actor is a single-server queue whose service time per push is measured
-here, on the real ``ParameterActor``, for an MLP (CartPole) and the Nature CNN (Atari); the
+here, through Dask actor calls to a real ``ParameterActor`` on a worker process (its update
+math alone is reported beside it), for an MLP (CartPole) and the Nature CNN (Atari); the
 simulation uses the CNN's, in units of its learner-task time, so that saturation shows within
 1,024 learners. One actor saturates at ``gradients/s = 1 / service time``, i.e. at
 ``learners = learner time / service time``; sharding the parameters over k actors divides the
@@ -171,6 +172,33 @@ def measure_service_time(size: int, repeats: int = 200) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
+def measure_dask_service_time(size: int, pushes: int = 300, in_flight: int = 32) -> float:
+    """Seconds per push through Dask: a real ParameterActor on a worker process, pushes sent
+    as actor calls (gradient over the wire, as learners send them) with ``in_flight`` of them
+    outstanding, so the actor's worker is the bottleneck. An upper bound on its service time:
+    the sending client shares this machine's two cores."""
+    from distributed import Client, LocalCluster
+
+    from dask_rl.runtime.parameter_actor import ParameterActor
+
+    g = np.random.default_rng(0).normal(size=size).astype(np.float32)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster) as c:
+        actor = c.submit(ParameterActor, np.zeros(size, np.float32), AsyncConfig(lr=0.01),
+                         actor=True).result()
+        for _ in range(5):
+            actor.push(g, 0, "w").result()
+        t0 = time.perf_counter()
+        pending = []
+        for i in range(pushes):
+            pending.append(actor.push(g, 0, "L"))
+            if len(pending) >= in_flight:
+                pending.pop(0).result()
+        for f in pending:
+            f.result()
+        return (time.perf_counter() - t0) / pushes
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--learners", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
@@ -180,9 +208,11 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "simulate_scale"))
     args = ap.parse_args()
 
-    service = {name: measure_service_time(size) for name, (size, _) in MODELS.items()}
-    print("measured parameter-actor service time per push: "
-          + ", ".join(f"{k}: {v * 1e3:.3f} ms" for k, v in service.items()))
+    math_only = {name: measure_service_time(size) for name, (size, _) in MODELS.items()}
+    service = {name: measure_dask_service_time(size) for name, (size, _) in MODELS.items()}
+    for name in MODELS:
+        print(f"parameter-actor service time per push, {name}: {math_only[name] * 1e3:.3f} ms "
+              f"of update math, {service[name] * 1e3:.3f} ms through Dask actor calls")
     # The simulated actor serves pushes as the Atari CNN's does, in units of its learner time,
     # so that its saturation shows within 1,024 learners.
     size, learner_s = MODELS[SIMULATED]
@@ -206,6 +236,7 @@ def main() -> int:
             per_push = s / shards
             saturation.append({"model": name, "params": size, "learner_s": learner_s,
                                "shards": shards, "service_ms": per_push * 1e3,
+                               "math_ms": math_only[name] / shards * 1e3,
                                "max_gradients_per_s": 1 / per_push,
                                "learners_at_saturation": learner_s / per_push})
     lines = ["| learners | strategy | mean staleness | p99 | updates / unit | dropped | "
@@ -215,13 +246,15 @@ def main() -> int:
         lines.append(f"| {r['learners']} | {r['strategy']} | {r['staleness_mean']:.2f} | "
                      f"{r['staleness_p99']:.0f} | {r['updates_per_time']:.1f} | {r['dropped']} "
                      f"| {r['actor_wait_mean']:.4f} | {r['final_error']:.3g} |")
-    lines += ["", "Parameter actor saturation (measured service time per push, learner task "
-              "times measured here; a model of one queue per shard):", "",
-              "| model | params | learner task s | shards | service ms / push | "
-              "max gradients/s | learners at saturation |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "Parameter actor saturation (service time per push measured here through Dask "
+              "actor calls, of which the update math is the next column; learner task times "
+              "measured here; shards modelled as independent queues):", "",
+              "| model | params | learner task s | shards | service ms / push | of it math ms | "
+              "max gradients/s | learners at saturation |", "|---|---|---|---|---|---|---|---|"]
     for s in saturation:
         lines.append(f"| {s['model']} | {s['params']:,} | {s['learner_s']} | {s['shards']} | "
-                     f"{s['service_ms']:.3f} | {s['max_gradients_per_s']:.0f} | "
+                     f"{s['service_ms']:.3f} | {s['math_ms']:.3f} | "
+                     f"{s['max_gradients_per_s']:.0f} | "
                      f"{s['learners_at_saturation']:.0f} |")
     md = "\n".join(lines)
     print("\n(simulated learners on a synthetic objective; service times measured here)\n")
@@ -230,6 +263,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(md + "\n")
     out.with_suffix(".json").write_text(json.dumps({"rows": rows, "service_s": service,
+                                                    "math_s": math_only,
                                                     "saturation": saturation,
                                                     "args": vars(args)}, indent=1))
     _plot(rows, out.with_suffix(".png"))
