@@ -27,7 +27,9 @@ PIPELINE_DIR = "/etc/dask-rl"
 
 
 def _env(cfg: PipelineConfig) -> list[dict]:
-    base = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    base = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            # as on embedded clusters: the profiler's history costs ~110 MB per worker
+            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(cfg.cluster.profile).lower()}
     base.update({str(k): str(v) for k, v in cfg.cluster.kubernetes.env.items()})
     return [{"name": k, "value": v} for k, v in base.items()]
 
