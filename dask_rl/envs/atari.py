@@ -74,7 +74,6 @@ def make_atari(cfg: EnvConfig, training: bool = True) -> gym.Env:
     return env
 
 
-
 def _one_opencv_thread() -> None:
     """OpenCV resizes frames on a thread pool of its own; rollouts parallelise across workers,
     so one thread each (otherwise a worker's frames compete with its neighbours' cores)."""
