@@ -193,6 +193,7 @@ class Driver(Trainer):
                 self._maybe_evaluate()
                 self._report_load()
                 self.maybe_checkpoint()
+                self.housekeeper.maybe_tidy()
             return self._finish()
         finally:
             self.close(list(self.inflight))

@@ -81,6 +81,7 @@ class ESDriver(Trainer):
                 if self.supervisor.heartbeat_due() and not self.supervisor.alive():
                     self.replace_actor("the parameter actor missed its heartbeat")
                 self.maybe_checkpoint()
+                self.housekeeper.maybe_tidy()
             final = self.last_eval
             if self.stop_reason != "solved" or final is None:
                 final = self._noiseless().result()

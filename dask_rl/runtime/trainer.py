@@ -33,6 +33,7 @@ from dask_rl.envs import reward_threshold
 from dask_rl.metrics import MetricsLog
 from dask_rl.runtime.cluster import rl_page
 from dask_rl.runtime.handle import ActorHandle
+from dask_rl.runtime.housekeeping import Housekeeper
 from dask_rl.runtime.plugins import RunState, register_torch_sizeof
 from dask_rl.runtime.supervisor import ActorSupervisor
 
@@ -127,6 +128,7 @@ class Trainer(abc.ABC):
         self.num_params = len(params)
         self.client.register_plugin(RunState(self.run_name, cfg), name=self.run_name)
         self.dashboard = rl_page(self.client)
+        self.housekeeper = Housekeeper(self.client)
         if self.dashboard:
             logger.info("dashboard: %s", self.dashboard)
         self.supervisor = ActorSupervisor(self.client, cfg, self.run_name, params,

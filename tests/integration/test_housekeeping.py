@@ -1,0 +1,73 @@
+"""Scheduler housekeeping: what Dask keeps about forgotten work is let go, nothing live is."""
+
+import gc
+import time
+
+import pytest
+
+from dask_rl.runtime.housekeeping import tidy_scheduler
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _square(x):
+    return x * x
+
+
+def _sleep(s):
+    time.sleep(s)
+    return s
+
+
+def _until_forgotten(scheduler, key):
+    deadline = time.time() + 5
+    while key in scheduler.tasks and time.time() < deadline:
+        time.sleep(0.001)
+
+
+def _task_groups_alive() -> int:
+    from distributed.scheduler import TaskGroup
+
+    gc.collect()
+    return sum(isinstance(o, TaskGroup) for o in gc.get_objects())
+
+
+def test_forgotten_work_is_let_go_and_the_scheduler_keeps_working():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        scheduler = cluster.scheduler
+        spans = scheduler.extensions["spans"]
+        # dask-rl's pattern: unique keys, submitted one after another, results released
+        for i in range(300):
+            key = f"learner-{i}-run"
+            assert client.submit(_square, i, key=key, pure=False).result() == i * i
+            _until_forgotten(scheduler, key)
+        # while anything runs the scheduler is never idle: one span takes every submit
+        sleeper = client.submit(_sleep, 2.0, pure=False)
+        for i in range(50):
+            assert client.submit(_square, i, key=f"rollout-{i}-run", pure=False).result() == i * i
+        busy = max(spans.spans.values(), key=lambda sp: len(sp.metadata["collections"]))
+        assert len(busy.metadata["collections"]) >= 50
+        assert sleeper.result() == 2.0
+        held = client.submit(_square, 7, key="rollout-held-run", pure=False)
+        assert held.result() == 49
+        assert len(spans.spans) >= 300 and _task_groups_alive() >= 300  # what Dask keeps
+
+        first = client.run_on_scheduler(tidy_scheduler)
+        assert first["task_groups"] >= 300 and first["spans"] == 0  # spans wait out the grace
+        assert first["metadata"] >= 49 and len(busy.metadata["collections"]) == 1
+        assert _task_groups_alive() <= 5
+        second = client.run_on_scheduler(tidy_scheduler, grace_s=0.0)
+        assert second["spans"] >= 299
+        assert len(spans.spans) <= 2
+
+        # the live task and its span are untouched; new work and span statistics still work
+        assert held.key in scheduler.tasks and held.result() == 49
+        group = scheduler.tasks[held.key].group
+        assert group.span_id in spans.spans and group in spans.spans[group.span_id].groups
+        assert client.submit(_square, 9, pure=False).result() == 81
+        assert spans.merge_all().states["memory"] >= 1  # the held result, still counted
+        client.run_on_scheduler(tidy_scheduler, grace_s=0.0)
+        assert group.span_id in spans.spans and held.result() == 49
