@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -25,14 +27,14 @@ class Chromium:
         import websocket
 
         self.port = free_port()
-        self.profile = tempfile.TemporaryDirectory()
+        self.profile = tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--no-first-run", "--disable-quic", f"--user-data-dir={self.profile.name}",
              f"--remote-debugging-port={self.port}", "--remote-allow-origins=*",
              f"--window-size={width},{height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.time() + 30
         while True:
             try:
@@ -75,6 +77,8 @@ class Chromium:
         try:
             self.ws.close()
         finally:
-            self.proc.kill()
+            # the renderer and zygote processes outlive the browser process and go on writing
+            # to the profile: end the whole group before removing it
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             self.profile.cleanup()
