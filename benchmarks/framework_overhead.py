@@ -64,10 +64,12 @@ def main() -> int:
             row["dask_rl_vs_ideal"] = row["dask_rl_s"] / ideal
             row["multiprocessing_vs_ideal"] = row["multiprocessing_s"] / ideal
             rows.append(row)
-            print(f"{task_s * 1000:5.0f} ms tasks: multiprocessing {row['multiprocessing_s']:.3f} s,"
-                  f" dask-rl {row['dask_rl_s']:.3f} s, ratio {row['ratio']:.2f} "
+            print(f"{task_s * 1000:5.0f} ms tasks: "
+                  f"multiprocessing {row['multiprocessing_s']:.3f} s, "
+                  f"dask-rl {row['dask_rl_s']:.3f} s, ratio {row['ratio']:.2f} "
                   f"(ideal {ideal:.2f} s)", flush=True)
-    print("\n| task | tasks/round | multiprocessing.Pool | dask-rl Pool | ratio | dask-rl vs ideal |")
+    print("\n| task | tasks/round | multiprocessing.Pool | dask-rl Pool | ratio "
+          "| dask-rl vs ideal |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['task_ms']:.0f} ms | {r['tasks_per_round']} | {r['multiprocessing_s']:.3f} s "

@@ -3,9 +3,10 @@
 32 rollout tasks in flight and 8 concurrent learners on 2 worker processes (2 threads each)
 for ``--minutes`` (default 20). Every ``--sample-s`` seconds it records the driver's RSS, each
 worker's memory, the scheduler's task count, the rate of metrics records (each one also a
-Dask event) and the checkpoints' size on disk. At the end it checks that memory stayed flat after warm-up (growth below
-``--max-growth-mb``), that the scheduler's task count did not grow, and that every trajectory
-produced was learned from or deliberately dropped (and counted).
+Dask event) and the checkpoints' size on disk. At the end it checks that memory stayed flat
+after warm-up (growth below ``--max-growth-mb``), that the scheduler's task count did not
+grow, and that every trajectory produced was learned from or deliberately dropped (and
+counted).
 
     python benchmarks/soak.py --minutes 20
 
@@ -116,7 +117,7 @@ def report(data: dict, verdict: dict, out: Path) -> str:
     md = "\n".join(rows) + "\n\n" + "\n".join([
         f"- run: {s['env_steps']} env steps learned, {s['updates']} updates, "
         f"{s['wall_s']:.0f} s, final greedy return {s['final_return']:.1f}",
-        f"- memory growth after warm-up (MB): "
+        "- memory growth after warm-up (MB): "
         + ", ".join(f"{k.rsplit(':', 1)[-1]} {v:+.1f}" for k, v in
                     verdict["memory_growth_mb"].items())
         + f" -> flat: {verdict['memory_flat']}",

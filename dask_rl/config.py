@@ -587,7 +587,8 @@ def _build_union(tp: Any, value: Any, path: str) -> Any:
 
 
 def _check_bounds(meta: Mapping[str, Any], value: Any, path: str) -> None:
-    if value is None or isinstance(value, (bool, str, dict, tuple)) or dataclasses.is_dataclass(value):
+    if (value is None or isinstance(value, (bool, str, dict, tuple))
+            or dataclasses.is_dataclass(value)):
         if meta.get("choices") and isinstance(value, str) and value not in meta["choices"]:
             raise ConfigError(f"{path}: must be one of {', '.join(meta['choices'])}, "
                               f"got {_show(value)}")

@@ -9,7 +9,6 @@ wrapper. Reward clipping happens in the learner's loss, so trajectories keep raw
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 
 from dask_rl.config import EnvConfig
 

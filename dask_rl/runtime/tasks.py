@@ -1,8 +1,9 @@
 """The functions Dask runs on workers: rollout, learner and evaluation tasks.
 
 Each takes the run's name (to find its :class:`~dask_rl.runtime.plugins.RunState`) and an
-:class:`~dask_rl.runtime.handle.ActorHandle` of the parameter actor, and talks to the actor itself: a Future passed to an actor method would
-arrive unusable (FACTS.md), so tasks, not the driver, carry data to the actor. A rollout task's
+:class:`~dask_rl.runtime.handle.ActorHandle` of the parameter actor, and talks to the actor
+itself: a Future passed to an actor method would arrive unusable (FACTS.md), so tasks, not the
+driver, carry data to the actor. A rollout task's
 result (a trajectory) stays in its worker's memory; the learner task that consumes it is
 scheduled next to it or receives it worker-to-worker.
 """
@@ -70,7 +71,6 @@ def evaluate_task(run: str, actor: Any, episodes: int, seed: int) -> dict:
     state = run_state(run)
     snapshot = actor.call("pull")
     return evaluate(state.cfg, snapshot, episodes=episodes, seed=seed)
-
 
 
 def write_replay_task(url: str, index: int, traj: Trajectory) -> int:

@@ -1,6 +1,5 @@
 """Learning with the staleness-aware strategies and the off-policy learner, 2 workers."""
 
-import json
 import threading
 import time
 

@@ -1,7 +1,6 @@
 """End to end: PPO solves CartPole on Dask, from the CLI and from Python."""
 
 import json
-import os
 import subprocess
 import sys
 

@@ -46,6 +46,10 @@ def test_gradient_matches_a_naive_sum():
     np.testing.assert_allclose(es.gradient(returns, idx, table, dim), want, rtol=1e-5)
 
 
+def _quadratic(p):
+    return -np.sum((p - 3.0) ** 2, axis=-1)
+
+
 def test_es_climbs_a_quadratic():
     """ask/tell with Adam finds the optimum of -|theta - 3|^2."""
     rng = np.random.default_rng(0)
@@ -56,8 +60,8 @@ def test_es_climbs_a_quadratic():
     for _ in range(300):
         idx = es.ask(rng, table_size=len(table), dim=dim, pairs=20)
         eps = np.stack([es.perturbation(table, i, dim) for i in idx])
-        f = lambda p: -np.sum((p - 3.0) ** 2, axis=-1)
-        returns = np.stack([f(theta + sigma * eps), f(theta - sigma * eps)], axis=1)
+        returns = np.stack([_quadratic(theta + sigma * eps), _quadratic(theta - sigma * eps)],
+                           axis=1)
         g = es.gradient(returns, idx, table, dim)
         opt.step(theta, es.descent_direction(g, theta, 0.0), 0.05)
     np.testing.assert_allclose(theta, 3.0, atol=0.15)

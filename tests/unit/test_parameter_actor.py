@@ -1,7 +1,6 @@
 """The parameter actor as a plain object: versions, snapshots, optimizer state, rejection."""
 
 import numpy as np
-import pytest
 
 from dask_rl.config import AsyncConfig, SyncConfig
 from dask_rl.runtime.parameter_actor import ParameterActor

@@ -1,11 +1,10 @@
 """The single-process building blocks: rollouts, learning, evaluation."""
 
 import numpy as np
-import pytest
 
 from dask_rl.config import from_dict
 from dask_rl.envs import env_spaces
-from dask_rl.learner import Learner, clip_grad_norm
+from dask_rl.learner import Learner
 from dask_rl.models import get_flat, make_model
 from dask_rl.rollout import RolloutWorker, evaluate
 from dask_rl.types import PolicySnapshot
