@@ -45,7 +45,11 @@ def test_pbt_changes_hyperparameters_and_beats_the_initial_worst(local_client, p
     assert s["algorithm"] == "pbt-ppo" and len(s["members"]) == 4
     exploits = [r for r in s["lineage"] if r["event"] == "exploit"]
     assert exploits, "no member ever exploited another"
-    assert all(r["hparams"] != r["old_hparams"] for r in exploits)
+    # hyperparameters changed over time (one exploit may leave them as they were: a perturbed
+    # value clipped to its range's bound can land on the member's old value)
+    start = {r["member"]: r["hparams"] for r in s["lineage"] if r["event"] == "start"}
+    assert any(m["hparams"] != start[m["member"]] for m in s["members"]), s["members"]
+    assert any(r["hparams"] != r["old_hparams"] for r in exploits)
     assert all(0 <= r["parent"] < 4 and r["parent"] != r["member"] for r in exploits)
     assert s["final_return"] > s["initial_worst_return"], s
     on_disk = json.loads((tmp_path / "pbt" / "summary.json").read_text())
