@@ -3,9 +3,9 @@
 Each takes the run's name (to find its :class:`~dask_rl.runtime.plugins.RunState`) and an
 :class:`~dask_rl.runtime.handle.ActorHandle` of the parameter actor, and talks to the actor
 itself: a Future passed to an actor method would arrive unusable (FACTS.md), so tasks, not the
-driver, carry data to the actor. A rollout task's
-result (a trajectory) stays in its worker's memory; the learner task that consumes it is
-scheduled next to it or receives it worker-to-worker.
+driver, carry data to the actor. A rollout task's result (a trajectory) stays in its worker's
+memory; the learner task that consumes it is scheduled next to it or receives it
+worker-to-worker.
 """
 
 from __future__ import annotations
