@@ -9,15 +9,17 @@ that changes rewards or episode ends (Atari's episodic life).
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs import registration
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from dask_rl.config import EnvConfig
 
-__all__ = ["make_env", "make_vector_env", "env_spaces", "check_env_id", "is_atari",
+__all__ = ["make_env", "make_vector_env", "env_spaces", "check_env_id", "env_family", "is_atari",
            "reward_threshold", "episode_stats"]
 
 
@@ -41,15 +43,60 @@ def is_atari(env_id: str) -> bool:
     return "ale_py" in str(spec.entry_point)
 
 
+#: Environment families whose dependencies come with an extra of dask-rl (pyproject.toml).
+EXTRAS = {"atari": "Atari", "mujoco": "MuJoCo"}
+
+
+def env_family(env_id: str) -> str | None:
+    """``atari``, ``mujoco`` or None (classic control and other Gymnasium environments)."""
+    if is_atari(env_id):
+        return "atari"
+    try:
+        entry_point = str(gym.spec(env_id).entry_point)
+    except gym.error.Error:
+        return None
+    return "mujoco" if "mujoco" in entry_point else None
+
+
 def check_env_id(env_id: str) -> str | None:
-    """None if ``env_id`` can be made here, else a short reason."""
+    """None if ``env_id`` can be made here, else a one-line reason.
+
+    The environment's module is imported (not only its registration looked up), so a missing
+    dependency is found before any cluster starts, and the reason names the extra that
+    installs it, e.g. ``pip install 'dask-rl[mujoco]'``.
+    """
     _register_optional()
     try:
-        gym.spec(env_id)
+        spec = gym.spec(env_id)
     except gym.error.Error:
-        if env_id.startswith("ALE/"):
-            return "Atari environments need the 'atari' extra (pip install 'dask-rl[atari]')"
+        if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
+            return _needs_extra("atari", "ale_py")
         return "unknown Gymnasium environment id"
+    family = env_family(env_id)
+    missing = _missing_module(spec.entry_point, family)
+    if missing is None:
+        return None
+    if family is None:
+        return f"this environment needs a module that is not installed ({missing})"
+    return _needs_extra(family, missing)
+
+
+def _needs_extra(family: str, missing: str) -> str:
+    return (f"{EXTRAS[family]} environments need the '{family}' extra: "
+            f"pip install 'dask-rl[{family}]' ({missing} is not installed)")
+
+
+def _missing_module(entry_point: Any, family: str | None) -> str | None:
+    """The name of a module that the environment's code cannot import, if any."""
+    try:
+        if isinstance(entry_point, str):
+            registration.load_env_creator(entry_point)
+        if family == "atari":  # Gymnasium's Atari preprocessing resizes frames with OpenCV
+            importlib.import_module("cv2")
+    except ImportError as e:
+        return e.name or " ".join(str(e).split())
+    except gym.error.DependencyNotInstalled as e:
+        return " ".join(str(e).split())
     return None
 
 
