@@ -48,9 +48,8 @@ STRATEGY_SETTINGS = {
 
 
 def one_run(env_id: str, strategy: str, seed: int, budget_s: float, workdir: Path) -> dict:
-    from dask_rl.metrics import read_metrics
-
     import dask_rl
+    from dask_rl.data.metrics import read_metrics
 
     run_dir = workdir / f"{env_id}-{strategy}-{seed}"
     overrides = [*STRATEGY_SETTINGS[strategy],

@@ -31,16 +31,16 @@ PIPELINE = HERE.parent / "pipelines" / "ppo_pong.yaml"
 def learner_rate(cfg, device: str, repeats: int = 3) -> float:
     import torch
 
+    from dask_rl.data import PolicySnapshot
     from dask_rl.envs import env_spaces
-    from dask_rl.learner import Learner
     from dask_rl.models import get_flat, make_model
-    from dask_rl.rollout import RolloutWorker
-    from dask_rl.types import PolicySnapshot
+    from dask_rl.roles.collector import Collector
+    from dask_rl.roles.learner import Learner
 
     torch.set_num_threads(1)
     spaces = env_spaces(cfg.env)
     snap = PolicySnapshot(0, get_flat(make_model(*spaces, cfg.model, seed=0)))
-    rw = RolloutWorker(cfg, seed=0)
+    rw = Collector(cfg, seed=0)
     rw.load(snap)
     traj = rw.collect(cfg.rollout.steps)
     learner = Learner(cfg, *spaces, device=device)
@@ -61,9 +61,8 @@ def main() -> int:
     import sampling_throughput as st
     import torch
 
-    from dask_rl.api import resolve
-
     import dask_rl
+    from dask_rl.api import resolve
 
     cfg = resolve(PIPELINE)
     plain = st.plain_rate(cfg, args.seconds)

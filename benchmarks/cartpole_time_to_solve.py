@@ -1,6 +1,6 @@
 """Time to solve CartPole-v1: dask-rl on 2 workers vs the same PPO in one plain process.
 
-Both sides run the same ``dask_rl`` building blocks (``RolloutWorker``, ``Learner``, the
+Both sides run the same ``dask_rl`` building blocks (``Collector``, ``Learner``, the
 ``ParameterActor`` class and its strategy) with the same hyperparameters and stop rule: a
 greedy evaluation of 10 episodes reaching 475, tried whenever the last 20 training episodes
 average 475 or every 50 updates. The single process alternates rollout and learning (one
@@ -36,9 +36,10 @@ def single_process(seed: int, overrides: list[str]) -> dict:
 
     from dask_rl.api import resolve
     from dask_rl.envs import env_spaces, reward_threshold
-    from dask_rl.learner import Learner
     from dask_rl.models import get_flat, make_model
-    from dask_rl.rollout import RolloutWorker, evaluate
+    from dask_rl.roles.collector import Collector
+    from dask_rl.roles.evaluation import evaluate
+    from dask_rl.roles.learner import Learner
     from dask_rl.runtime.parameter_actor import ParameterActor
 
     torch.set_num_threads(1)
@@ -47,7 +48,7 @@ def single_process(seed: int, overrides: list[str]) -> dict:
     spaces = env_spaces(cfg.env)
     params = get_flat(make_model(*spaces, cfg.model, seed=cfg.seed))
     actor = ParameterActor(params, cfg.aggregation)
-    rollout = RolloutWorker(cfg, seed=seed)
+    rollout = Collector(cfg, seed=seed)
     learner = Learner(cfg, *spaces)
     target = reward_threshold(cfg.env.id)
     returns: deque[float] = deque(maxlen=20)
@@ -61,18 +62,18 @@ def single_process(seed: int, overrides: list[str]) -> dict:
         lr = cfg.learner.lr * max(1.0 - steps / cfg.stop.env_steps, 0.01)
         res = learner.update(actor.pull(learner_id="L", learner_state=True), traj, lr=lr,
                              seed=snap.version)
-        actor.push(res.gradient, res.version, "L", opt_state=res.opt_state)
+        actor.push(res.delta, res.version, "L", opt_state=res.opt_state)
         version = actor.current.version
         at_target = len(returns) >= 5 and np.mean(returns) >= target
         if version != last_eval and (at_target or version - max(last_eval, 0) >= 50):
             last_eval = version
             evals += 1
             final = evaluate(cfg, actor.pull(), episodes=10, seed=10_000 + evals)
-            if final["mean_return"] >= target:
+            if final.mean_return >= target:
                 solved = True
                 break
     return {"side": "single", "seed": seed, "wall_s": time.perf_counter() - t0,
-            "env_steps": steps, "solved": solved, "final_return": final and final["mean_return"]}
+            "env_steps": steps, "solved": solved, "final_return": final and final.mean_return}
 
 
 def dask_rl_run(seed: int, overrides: list[str], workers: int) -> dict:

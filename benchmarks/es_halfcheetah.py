@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "es_halfcheetah.json"))
     args = ap.parse_args()
     import dask_rl
-    from dask_rl.metrics import read_metrics
+    from dask_rl.data.metrics import read_metrics
 
     pairs, episode = 24, 1000
     budget = args.generations * pairs * 2 * episode

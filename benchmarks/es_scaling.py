@@ -31,7 +31,7 @@ def measure(workers: int, generations: int, pairs: int, pairs_per_task: int) -> 
     from distributed import Client, LocalCluster, get_task_stream
 
     import dask_rl
-    from dask_rl.metrics import read_metrics
+    from dask_rl.data.metrics import read_metrics
 
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None,

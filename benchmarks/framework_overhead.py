@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument("--work-s", type=float, default=1.0, help="busy seconds per round")
     ap.add_argument("--out", default=str(HERE / "results" / "framework_overhead.json"))
     args = ap.parse_args()
-    from dask_rl.population import Pool
+    from dask_rl.pool import Pool
 
     rows = []
     with multiprocessing.Pool(args.workers) as mp, Pool(args.workers) as dp:

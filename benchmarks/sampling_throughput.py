@@ -1,6 +1,6 @@
 """Rollout throughput: env steps/s of rollout tasks on N workers vs N x one plain process.
 
-Both sides step the same ``RolloutWorker`` (vector env + batched policy inference). The plain
+Both sides step the same ``Collector`` (vector env + batched policy inference). The plain
 side runs ``collect`` in a loop in this process; the Dask side keeps two rollout tasks per
 worker in flight on a LocalCluster of N single-threaded worker processes, each task pulling the
 policy from the parameter actor as in training, and throws the trajectories away. The ratio
@@ -35,13 +35,13 @@ ENVS = {
 def plain_rate(cfg, seconds: float) -> float:
     import torch
 
+    from dask_rl.data import PolicySnapshot
     from dask_rl.envs import env_spaces
     from dask_rl.models import get_flat, make_model
-    from dask_rl.rollout import RolloutWorker
-    from dask_rl.types import PolicySnapshot
+    from dask_rl.roles.collector import Collector
 
     torch.set_num_threads(1)
-    rw = RolloutWorker(cfg, seed=0)
+    rw = Collector(cfg, seed=0)
     rw.load(PolicySnapshot(0, get_flat(make_model(*env_spaces(cfg.env), cfg.model, seed=0))))
     rw.collect(cfg.rollout.steps)  # warm-up
     steps, t0 = 0, time.perf_counter()
@@ -62,6 +62,7 @@ def concurrent_plain_rate(cfg, processes: int, seconds: float) -> float:
 
 
 def dask_rate(cfg, workers: int, seconds: float) -> float:
+    import dask
     from distributed import Client, LocalCluster, wait
 
     from dask_rl.envs import env_spaces
@@ -71,8 +72,6 @@ def dask_rate(cfg, workers: int, seconds: float) -> float:
     from dask_rl.runtime.parameter_actor import ParameterActor
     from dask_rl.runtime.plugins import RunState
     from dask_rl.runtime.tasks import rollout_task
-
-    import dask
 
     with dask.config.set({"distributed.worker.profile.enabled": False}), \
             LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None,

@@ -36,9 +36,15 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from dask_rl.config import (AsyncConfig, SoftsyncConfig, SSPConfig,  # noqa: E402
-                            StellarisConfig, SyncConfig)
-from dask_rl.staleness import Arrival, make_strategy  # noqa: E402
+from dask_rl.staleness import (  # noqa: E402
+    Arrival,
+    AsyncConfig,
+    SoftsyncConfig,
+    SSPConfig,
+    StellarisConfig,
+    SyncConfig,
+    make_strategy,
+)
 
 STRATEGIES = {"sync": SyncConfig(), "async": AsyncConfig(), "ssp": SSPConfig(bound=4),
               "softsync": SoftsyncConfig(n=4), "stellaris": StellarisConfig(),
@@ -162,7 +168,7 @@ def measure_service_time(size: int, repeats: int = 200) -> float:
     """Seconds the real ParameterActor spends on one push (async strategy) of ``size`` floats."""
     from dask_rl.runtime.parameter_actor import ParameterActor
 
-    actor = ParameterActor(np.zeros(size, np.float32), AsyncConfig(lr=0.01))
+    actor = ParameterActor(np.zeros(size, np.float32), AsyncConfig(alpha0=0.01))
     g = np.random.default_rng(0).normal(size=size).astype(np.float32)
     for i in range(5):
         actor.push(g, actor.current.version, "w")
@@ -184,7 +190,7 @@ def measure_dask_service_time(size: int, pushes: int = 300, in_flight: int = 32)
     g = np.random.default_rng(0).normal(size=size).astype(np.float32)
     with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None,
                       silence_logs=50) as cluster, Client(cluster) as c:
-        actor = c.submit(ParameterActor, np.zeros(size, np.float32), AsyncConfig(lr=0.01),
+        actor = c.submit(ParameterActor, np.zeros(size, np.float32), AsyncConfig(alpha0=0.01),
                          actor=True).result()
         for _ in range(5):
             actor.push(g, 0, "w").result()

@@ -71,7 +71,7 @@ def soak(minutes: float, sample_s: float, workdir: Path, dask_profiler: bool = F
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         result = dask_rl.train(PIPELINE, client=client, run_dir=run_dir, overrides=[
-            "rollout.num_actors=32", "rollout.max_ready=16", "learner.max_learners=8",
+            "rollout.slots=32", "rollout.max_ready=16", "learner.max_learners=8",
             f"stop.wall_s={minutes * 60}", "stop.env_steps=1000000000",
             "stop.solve_on_target=false", "learner.anneal_lr=false", "checkpoint.every_s=30",
             "stop.eval_every_updates=200"])

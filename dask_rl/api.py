@@ -10,7 +10,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from dask_rl.config import ConfigError, PipelineConfig, apply_overrides, from_dict, load_pipeline
+from dask_rl.algos import registry
+from dask_rl.config import (
+    ConfigError,
+    PipelineConfig,
+    apply_overrides,
+    from_dict,
+    load_pipeline,
+    to_dict,
+)
+from dask_rl.data import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +38,6 @@ def resolve(pipeline: str | os.PathLike | PipelineConfig | dict,
     if isinstance(pipeline, PipelineConfig):
         if not overrides:
             return pipeline
-        from dask_rl.config import to_dict
-
         return from_dict(apply_overrides(to_dict(pipeline), overrides))
     if isinstance(pipeline, dict):
         return from_dict(apply_overrides(pipeline, overrides or []))
@@ -38,8 +45,13 @@ def resolve(pipeline: str | os.PathLike | PipelineConfig | dict,
 
 
 def trainer_class(cfg: PipelineConfig) -> type:
-    """The driver that runs a pipeline: ES, population-based training, or async learners."""
-    if cfg.algo.name == "es":
+    """The driver that runs a pipeline: by the algorithm's family (evolution: ES), then
+    population-based training, else asynchronous learners."""
+    family = registry.get(cfg.algo.name).family
+    if cfg.population is not None and family != "learner":
+        raise ConfigError(f"population: population-based training trains gradient learners, "
+                          f"got algo.name {cfg.algo.name!r}")
+    if family == "evolution":
         from dask_rl.runtime.es import ESDriver
 
         return ESDriver
@@ -62,7 +74,7 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
           run_dir: str | os.PathLike | None = None, resume: bool = False,
           address: str | None = None, workers: int | None = None,
           overrides: list[str] | None = None,
-          progress: Callable[[dict], None] | None = None, **fields: Any) -> RunResult:
+          progress: Callable[[Progress], None] | None = None, **fields: Any) -> RunResult:
     """Train a pipeline; returns when a stop condition holds.
 
     Parameters
@@ -96,7 +108,8 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
     from dask_rl.runtime.cluster import connect
 
     def _run(c: Any) -> dict:
-        return trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume).run()
+        driver = trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
+        return driver.run().to_dict()
 
     if client is not None:
         summary = _run(client)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from dask_rl.config import ConfigError
+from dask_rl.data import Progress
 
 EXIT_BAD_INPUT = 2
 
@@ -128,8 +129,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _k8s(args: argparse.Namespace) -> int:
-    from dask_rl import k8s
     from dask_rl.config import load_pipeline
+    from dask_rl.deploy import k8s
 
     cfg = load_pipeline(args.pipeline, args.overrides)
     docs = k8s.render_job(cfg, Path(args.pipeline).name) if args.job else k8s.render(cfg)
@@ -168,8 +169,8 @@ def _plot(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from dask_rl.checkpoint import CheckpointError, CheckpointStore
     from dask_rl.config import from_dict
-    from dask_rl.rollout import evaluate
-    from dask_rl.types import PolicySnapshot
+    from dask_rl.data import PolicySnapshot
+    from dask_rl.roles.evaluation import evaluate
 
     if args.episodes < 1:
         raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
@@ -183,7 +184,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     cfg = from_dict(meta["config"])
     actor = state["actor"]
     snapshot = PolicySnapshot(int(actor["version"]), actor["params"], actor.get("moments"))
-    result = evaluate(cfg, snapshot, episodes=args.episodes, seed=args.seed)
+    result = evaluate(cfg, snapshot, episodes=args.episodes, seed=args.seed).record()
     result.update({"checkpoint": name, "env_id": cfg.env.id, "algorithm": cfg.algo.name,
                    "env_steps": meta.get("env_steps")})
     print(json.dumps(result, indent=2))
@@ -207,23 +208,23 @@ class _Progress:
             self.bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True,
                             desc="env steps")
 
-    def update(self, info: dict) -> None:
+    def update(self, p: Progress) -> None:
         if not self.enabled:
             return
-        if info.get("dashboard") and not self.announced:
+        if p.dashboard and not self.announced:
             self.announced = True
-            message = f"dask-rl: live dashboard at {info['dashboard']}"
+            message = f"dask-rl: live dashboard at {p.dashboard}"
             print(message, file=sys.stderr) if self.bar is None else self.bar.write(message)
-        ret = "-" if info["return"] is None else f"{info['return']:.1f}"
-        ev = "" if info.get("eval") is None else f" eval={info['eval']:.1f}"
-        text = f"return={ret}{ev} updates={info['updates']} {info['steps_per_s']:.0f} steps/s"
+        ret = "-" if p.recent_return is None else f"{p.recent_return:.1f}"
+        ev = "" if p.eval_return is None else f" eval={p.eval_return:.1f}"
+        text = f"return={ret}{ev} updates={p.updates} {p.steps_per_s:.0f} steps/s"
         if self.bar is not None:
-            self.bar.update(min(info["env_steps"], self.total) - self.last)
-            self.last = min(info["env_steps"], self.total)
+            self.bar.update(min(p.env_steps, self.total) - self.last)
+            self.last = min(p.env_steps, self.total)
             self.bar.set_postfix_str(text, refresh=False)
         elif time.time() - self.last_print >= 10:
             self.last_print = time.time()
-            print(f"dask-rl: {info['env_steps']}/{self.total} env steps, {text}",
+            print(f"dask-rl: {p.env_steps}/{self.total} env steps, {text}",
                   file=sys.stderr, flush=True)
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ all ``2N`` evaluations, and the gradient estimate
 
     g = sum_i (s_i+ - s_i-) eps_i / (2N)
 
-is ascended with Adam after weight decay: the optimizer descends ``-g + l2 * theta``.
+is ascended with Adam (step size ``algo.step_size``) after weight decay: the optimizer
+descends ``-g + l2 * theta``.
 
 Everything here is pure: explicit state, explicit ``numpy.random.Generator``.
 
@@ -17,12 +18,45 @@ Examples
 >>> table = noise_table(seed=0, size=1_000_000)
 >>> idx = ask(rng, table_size=len(table), dim=dim, pairs=32)
 >>> returns = evaluate(theta, idx)            # [32, 2]: (plus, minus) per pair
->>> g = gradient(returns, idx, table, dim)    # then optimizer.step(theta, -g + l2 * theta, lr)
+>>> g = gradient(returns, idx, table, dim)    # then Adam descends -g + l2 * theta
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
+
+from dask_rl.algos.base import Algorithm
+from dask_rl.config.schema import AlgoConfig, option
+
+
+@dataclass(frozen=True, kw_only=True)
+class ESConfig(AlgoConfig):
+    name: Literal["es"] = option("es", "algorithm")
+    sigma: float = option(0.02, "standard deviation of the parameter perturbations", gt=0)
+    step_size: float = option(0.01, "Adam step size (alpha) on the mean parameters", gt=0)
+    l2: float = option(0.005, "weight decay coefficient", ge=0)
+    pairs: int = option(32, "antithetic pairs per generation (population 2N)", ge=1)
+    pairs_per_task: int = option(4, "pairs one task evaluates (make tasks last >= ~0.2 s)",
+                                 ge=1)
+    episodes: int = option(1, "episodes per perturbation", ge=1)
+    noise_table_size: int = option(10_000_000, "float32 entries of the shared noise table "
+                                               "(built on every worker)", ge=1)
+    noise_seed: int = option(123, "seed of the noise table", ge=0)
+    max_episode_steps: int | None = option(None, "cut evaluation episodes at this length", ge=1)
+    eval_every: int = option(5, "noiseless evaluation every N generations", ge=1)
+    renamed = {"lr": "step_size"}
+
+
+class ES(Algorithm):
+    """OpenAI-ES (Salimans et al. 2017, Algorithm 2 with antithetic pairs and fitness
+    shaping, Sec. 2.1-2.2), trained in generations by the ES driver with the functions below."""
+
+    name = "es"
+    config_class = ESConfig
+    family = "evolution"
 
 
 def noise_table(seed: int, size: int) -> np.ndarray:

@@ -11,71 +11,104 @@ however stale the behaviour data — and weights it with the truncated importanc
     L_pi = -mean(min(A r, A clip(r, 1 - eps, 1 + eps)))
 
 Advantages and value targets come from V-trace between the target and the behaviour policy
-(:mod:`dask_rl.algos.vtrace`). The driver's circular buffer replays each batch up to
-``replay`` times.
+(:mod:`dask_rl.algos.vtrace`). The runtime keeps the target network and replays each batch
+up to ``replay`` times from a circular buffer, because :attr:`IMPACT.needs` asks for both.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 
 from dask_rl.algos import ppo
-from dask_rl.algos.ppo import Batch, clipped_surrogate, normalize, truncated_ratio
+from dask_rl.algos.base import Batch, LearnerAlgorithm, Needs
+from dask_rl.algos.ppo import clipped_surrogate, normalize, truncated_ratio
 from dask_rl.algos.vtrace import vtrace
-from dask_rl.config import IMPACTConfig
-from dask_rl.types import Trajectory
-
-needs_target = True
+from dask_rl.config.schema import AlgoConfig, option
+from dask_rl.data import Trajectory
 
 
-@torch.no_grad()
-def prepare(traj: Trajectory, model: torch.nn.Module, cfg: IMPACTConfig, *,
-            device: torch.device, rewards: np.ndarray | None = None,
-            target_logp: np.ndarray | None = None) -> Batch:
-    """Flatten a trajectory with V-trace targets computed for the target policy."""
-    T, N = traj.num_steps, traj.num_envs
-    flat_obs, values_, nv = ppo.values(traj, model, device=device)
-    rewards = traj.rewards.astype(np.float32) if rewards is None else rewards
-    if target_logp is None:  # the target is the learner's starting point
-        target_logp = traj.behaviour_logp
-    target_logp = np.asarray(target_logp, np.float32).reshape(T, N)
-    log_rhos = target_logp - traj.behaviour_logp
-    vs, pg_adv = vtrace(log_rhos, rewards, values_, nv, traj.terminated | traj.truncated,
-                        cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
-    actions = torch.as_tensor(traj.actions, device=device)
-
-    def flat(x: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(x, np.float32), device=device).reshape(-1)
-
-    return {
-        "obs": flat_obs,
-        "actions": actions.reshape(T * N, *actions.shape[2:]),
-        "logp": flat(traj.behaviour_logp),
-        "target_logp": flat(target_logp),
-        "advantages": flat(pg_adv),
-        "returns": flat(vs),
-        "values": flat(values_),
-    }
+@dataclass(frozen=True, kw_only=True)
+class IMPACTConfig(AlgoConfig):
+    name: Literal["impact"] = option("impact", "algorithm")
+    gamma: float = option(0.99, "discount", ge=0, le=1)
+    clip_coef: float = option(0.4, "surrogate clipping epsilon on pi/pi_target", gt=0)
+    vf_coef: float = option(0.5, "value loss coefficient", ge=0)
+    ent_coef: float = option(0.01, "entropy bonus coefficient", ge=0)
+    rho_bar: float = option(1.0, "V-trace rho-bar truncation", gt=0)
+    c_bar: float = option(1.0, "V-trace c-bar truncation", gt=0)
+    target_is_clip: float = option(2.0, "truncation of the behaviour->target IS ratio", gt=0)
+    target_update_every: int = option(2, "refresh the target network every N updates", ge=1)
+    replay: int = option(2, "times each batch is replayed from the circular buffer (K)", ge=1)
+    buffer_size: int = option(8, "trajectories kept in the circular buffer", ge=1)
+    norm_adv: bool = option(True, "normalise advantages per minibatch")
 
 
-def loss(model: torch.nn.Module, mb: Batch, cfg: IMPACTConfig, *, is_rho: float = 1.0):
-    """IMPACT loss on one minibatch: ``(loss, stats)``."""
-    dist, newvalue = model(mb["obs"])
-    newlogp = dist.log_prob(mb["actions"])
-    entropy = dist.entropy().mean()
-    is_weight = torch.clamp((mb["target_logp"] - mb["logp"]).exp(), max=cfg.target_is_clip)
-    logratio = newlogp - mb["target_logp"]
-    ratio = truncated_ratio(logratio.exp(), mb.get("cross_ratio_min"), is_rho)
-    with torch.no_grad():
-        approx_kl = (((logratio.exp()) - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
-    advantages = normalize(mb["advantages"]) if cfg.norm_adv else mb["advantages"]
-    pg_loss = clipped_surrogate(is_weight * ratio, advantages, cfg.clip_coef)
-    v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
-    total = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-    stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
-             "losses/entropy": entropy.item(), "losses/approx_kl": approx_kl.item(),
-             "losses/clipfrac": clipfrac.item(),
-             "losses/is_weight": is_weight.mean().item()}
-    return total, stats
+class IMPACT(LearnerAlgorithm):
+    """IMPACT's surrogate on V-trace targets (see the module docstring)."""
+
+    name = "impact"
+    config_class = IMPACTConfig
+    cfg: IMPACTConfig
+
+    @property
+    def needs(self) -> Needs:
+        cfg = self.cfg
+        return Needs(target_network_every=cfg.target_update_every, replay=cfg.replay,
+                     replay_capacity=cfg.buffer_size, discount=cfg.gamma)
+
+    @torch.no_grad()
+    def prepare(self, traj: Trajectory, model: torch.nn.Module, *, device: torch.device,
+                rewards: np.ndarray, target_logp: np.ndarray | None = None) -> Batch:
+        """Flatten a trajectory with V-trace targets computed for the target policy."""
+        cfg = self.cfg
+        T, N = traj.num_steps, traj.num_envs
+        flat_obs, values_, nv = ppo.values(traj, model, device=device)
+        if target_logp is None:  # no target network yet: the target is the behaviour policy
+            target_logp = traj.behaviour_logp
+        target_logp = np.asarray(target_logp, np.float32).reshape(T, N)
+        log_rhos = target_logp - traj.behaviour_logp
+        vs, pg_adv = vtrace(log_rhos, rewards, values_, nv, traj.terminated | traj.truncated,
+                            cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
+        actions = torch.as_tensor(traj.actions, device=device)
+
+        def flat(x: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(np.ascontiguousarray(x, np.float32),
+                                   device=device).reshape(-1)
+
+        return Batch(
+            obs=flat_obs,
+            actions=actions.reshape(T * N, *actions.shape[2:]),
+            logp=flat(traj.behaviour_logp),
+            target_logp=flat(target_logp),
+            advantages=flat(pg_adv),
+            returns=flat(vs),
+            values=flat(values_),
+        )
+
+    def loss(self, model: torch.nn.Module, mb: Batch, *,
+             is_rho: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+        """IMPACT loss on one minibatch: ``(loss, stats)``."""
+        cfg = self.cfg
+        assert mb.target_logp is not None, "IMPACT batches carry the target's log-probabilities"
+        dist, newvalue = model(mb.obs)
+        newlogp = dist.log_prob(mb.actions)
+        entropy = dist.entropy().mean()
+        is_weight = torch.clamp((mb.target_logp - mb.logp).exp(), max=cfg.target_is_clip)
+        logratio = newlogp - mb.target_logp
+        ratio = truncated_ratio(logratio.exp(), mb.cross_ratio_min, is_rho)
+        with torch.no_grad():
+            approx_kl = (((logratio.exp()) - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+        advantages = normalize(mb.advantages) if cfg.norm_adv else mb.advantages
+        pg_loss = clipped_surrogate(is_weight * ratio, advantages, cfg.clip_coef)
+        v_loss = 0.5 * ((newvalue - mb.returns) ** 2).mean()
+        total = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+        stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
+                 "losses/entropy": entropy.item(), "losses/approx_kl": approx_kl.item(),
+                 "losses/clipfrac": clipfrac.item(),
+                 "losses/is_weight": is_weight.mean().item()}
+        return total, stats

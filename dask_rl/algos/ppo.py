@@ -1,21 +1,37 @@
 """Proximal Policy Optimization (Schulman et al. 2017) as pure functions.
 
 Names follow the paper and CleanRL's ``ppo.py``: ``delta``, ``lastgaelam``, ``logratio``,
-``pg_loss``, ``v_loss``; ``b_`` is the flattened batch, ``mb_`` a minibatch. ``prepare`` turns a
-:class:`~dask_rl.types.Trajectory` into a flat batch of tensors with GAE advantages computed
-under the learner's current value function; ``loss`` is the clipped surrogate, the clipped value
-loss and the entropy bonus on one minibatch.
+``pg_loss``, ``v_loss``; ``b_`` is the flattened batch, ``mb_`` a minibatch. :meth:`PPO.prepare`
+turns a :class:`~dask_rl.data.Trajectory` into a flat :class:`~dask_rl.algos.base.Batch` with
+GAE advantages computed under the learner's current value function; :meth:`PPO.loss` is the
+clipped surrogate, the clipped value loss and the entropy bonus on one minibatch. The kernels
+(GAE, the surrogate, the value loss) are module-level functions, tested against naive loops.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import torch
 
-from dask_rl.config import PPOConfig
-from dask_rl.types import Trajectory
+from dask_rl.algos.base import Batch, LearnerAlgorithm, Needs
+from dask_rl.config.schema import AlgoConfig, option
+from dask_rl.data import Trajectory
 
-Batch = dict  # str -> torch.Tensor, flattened over [T, N]
+
+@dataclass(frozen=True, kw_only=True)
+class PPOConfig(AlgoConfig):
+    name: Literal["ppo"] = option("ppo", "algorithm")
+    gamma: float = option(0.99, "discount", ge=0, le=1)
+    gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
+    clip_coef: float = option(0.2, "surrogate clipping epsilon", gt=0)
+    clip_vloss: bool = option(True, "clip the value loss around the behaviour values")
+    vf_coef: float = option(0.5, "value loss coefficient", ge=0)
+    ent_coef: float = option(0.01, "entropy bonus coefficient", ge=0)
+    norm_adv: bool = option(True, "normalise advantages per minibatch")
+    target_kl: float | None = option(None, "stop a learner's epochs early above this KL", gt=0)
 
 
 def next_values(values: np.ndarray, last_value: np.ndarray, terminated: np.ndarray,
@@ -122,47 +138,68 @@ def values(traj: Trajectory, model: torch.nn.Module, *,
     return flat_obs, v, nv
 
 
-@torch.no_grad()
-def prepare(traj: Trajectory, model: torch.nn.Module, cfg: PPOConfig, *, device: torch.device,
-            rewards: np.ndarray | None = None) -> Batch:
-    """Flatten a trajectory into a training batch with GAE advantages and returns.
+class PPO(LearnerAlgorithm):
+    """PPO-clip: the objective ``L^{CLIP+VF+S}`` of Schulman et al. 2017 (Eq. 9, with
+    ``L^CLIP`` of Eq. 7) on GAE advantages (Eq. 11-12; Schulman et al. 2016, Eq. 16).
 
-    ``rewards`` replaces ``traj.rewards`` (the learner passes clipped or scaled ones).
+    Deviations, as in CleanRL's ``ppo.py``: the value loss is clipped around the behaviour
+    values (``clip_vloss``), advantages are normalised per minibatch (``norm_adv``), and the
+    ratio may be truncated across concurrent learners (Stellaris, :func:`truncated_ratio`).
     """
-    T, N = traj.num_steps, traj.num_envs
-    flat_obs, values_, nv = values(traj, model, device=device)
-    rewards = traj.rewards.astype(np.float32) if rewards is None else rewards
-    episode_end = traj.terminated | traj.truncated
-    advantages = gae(rewards, values_, nv, episode_end, cfg.gamma, cfg.gae_lambda)
-    returns = advantages + values_
-    actions = torch.as_tensor(traj.actions, device=device)
-    return {
-        "obs": flat_obs,
-        "actions": actions.reshape(T * N, *actions.shape[2:]),
-        "logp": torch.as_tensor(traj.behaviour_logp, device=device).reshape(-1),
-        "advantages": torch.as_tensor(advantages, device=device).reshape(-1),
-        "returns": torch.as_tensor(returns, device=device).reshape(-1),
-        "values": torch.as_tensor(values_, device=device).reshape(-1),
-    }
 
+    name = "ppo"
+    config_class = PPOConfig
+    cfg: PPOConfig
 
-def loss(model: torch.nn.Module, mb: Batch, cfg: PPOConfig, *, is_rho: float = 1.0):
-    """PPO loss on one minibatch: ``(loss, stats)`` with CleanRL's diagnostics."""
-    dist, newvalue = model(mb["obs"])
-    newlogp = dist.log_prob(mb["actions"])
-    entropy = dist.entropy().mean()
-    logratio = newlogp - mb["logp"]
-    ratio = logratio.exp()
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
-    ratio = truncated_ratio(ratio, mb.get("cross_ratio_min"), is_rho)
-    mb_advantages = normalize(mb["advantages"]) if cfg.norm_adv else mb["advantages"]
-    pg_loss = clipped_surrogate(ratio, mb_advantages, cfg.clip_coef)
-    v_loss = value_loss(newvalue, mb["values"], mb["returns"],
-                        cfg.clip_coef if cfg.clip_vloss else None)
-    total = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-    stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
-             "losses/entropy": entropy.item(), "losses/approx_kl": approx_kl.item(),
-             "losses/clipfrac": clipfrac.item()}
-    return total, stats
+    @property
+    def needs(self) -> Needs:
+        return Needs(discount=self.cfg.gamma)
+
+    @torch.no_grad()
+    def prepare(self, traj: Trajectory, model: torch.nn.Module, *, device: torch.device,
+                rewards: np.ndarray, target_logp: np.ndarray | None = None) -> Batch:
+        """Flatten a trajectory into a training batch with GAE advantages and returns."""
+        cfg = self.cfg
+        T, N = traj.num_steps, traj.num_envs
+        flat_obs, values_, nv = values(traj, model, device=device)
+        episode_end = traj.terminated | traj.truncated
+        advantages = gae(rewards, values_, nv, episode_end, cfg.gamma, cfg.gae_lambda)
+        returns = advantages + values_
+        actions = torch.as_tensor(traj.actions, device=device)
+        return Batch(
+            obs=flat_obs,
+            actions=actions.reshape(T * N, *actions.shape[2:]),
+            logp=torch.as_tensor(traj.behaviour_logp, device=device).reshape(-1),
+            advantages=torch.as_tensor(advantages, device=device).reshape(-1),
+            returns=torch.as_tensor(returns, device=device).reshape(-1),
+            values=torch.as_tensor(values_, device=device).reshape(-1),
+        )
+
+    def loss(self, model: torch.nn.Module, mb: Batch, *,
+             is_rho: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+        """PPO loss on one minibatch: ``(loss, stats)`` with CleanRL's diagnostics."""
+        cfg = self.cfg
+        dist, newvalue = model(mb.obs)
+        newlogp = dist.log_prob(mb.actions)
+        entropy = dist.entropy().mean()
+        logratio = newlogp - mb.logp
+        ratio = logratio.exp()
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+        ratio = truncated_ratio(ratio, mb.cross_ratio_min, is_rho)
+        mb_advantages = normalize(mb.advantages) if cfg.norm_adv else mb.advantages
+        pg_loss = clipped_surrogate(ratio, mb_advantages, cfg.clip_coef)
+        v_loss = value_loss(newvalue, mb.values, mb.returns,
+                            cfg.clip_coef if cfg.clip_vloss else None)
+        total = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+        stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
+                 "losses/entropy": entropy.item(), "losses/approx_kl": approx_kl.item(),
+                 "losses/clipfrac": clipfrac.item()}
+        return total, stats
+
+    def stop_epochs(self, epoch_stats: list[dict[str, float]]) -> bool:
+        """CleanRL's early stop: the epoch's mean approximate KL exceeded ``target_kl``."""
+        target_kl = self.cfg.target_kl
+        return target_kl is not None and bool(epoch_stats) and float(
+            np.mean([s["losses/approx_kl"] for s in epoch_stats])) > target_kl

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from dask_rl.types import Trajectory
+from dask_rl.data import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -317,6 +317,8 @@ def read_trajectory(url: str, index: int) -> Trajectory:
     try:
         group = zarr.open_group(_open_store(url), mode="r")[f"replay/{index}"]
         scalars = dict(group.attrs["trajectory"])
+        if "actor_id" in scalars:  # written before the rollout slot got its name (format 1)
+            scalars["slot"] = scalars.pop("actor_id")
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(Trajectory):
             if f.name in scalars and isinstance(scalars[f.name], list):  # a dict of arrays

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dask_rl.metrics import read_metrics
+from dask_rl.data.metrics import read_metrics
 
 
 def curves(run_dir: Path) -> dict:

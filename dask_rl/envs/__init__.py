@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.envs import registration
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from dask_rl.config import EnvConfig
+from dask_rl.config.schema import EnvConfig
 
 __all__ = ["make_env", "make_vector_env", "env_spaces", "check_env_id", "env_family", "is_atari",
            "reward_threshold", "episode_stats"]

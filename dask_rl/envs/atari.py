@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from dask_rl.config import EnvConfig
+from dask_rl.config.schema import EnvConfig
 
 
 class EpisodicLife(gym.Wrapper):

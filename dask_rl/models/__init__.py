@@ -12,9 +12,13 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from dask_rl.config import ModelConfig
-from dask_rl.types import PolicySnapshot
-from dask_rl.models.actor_critic import ActorCritic, DeterministicPolicy, NatureCNNActorCritic
+from dask_rl.config.schema import ModelConfig
+from dask_rl.data import PolicySnapshot
+from dask_rl.models.actor_critic import (
+    ActorCritic,
+    DeterministicPolicy,
+    NatureCNNActorCritic,
+)
 
 __all__ = ["ActorCritic", "DeterministicPolicy", "NatureCNNActorCritic", "make_model",
            "make_policy", "get_flat", "set_flat",

@@ -9,7 +9,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from dask_rl.config import ModelConfig
+from dask_rl.config.schema import ModelConfig
 from dask_rl.models.normalizer import ObsNormalizer
 
 

@@ -8,7 +8,7 @@ does it for its embedded clusters), this module:
 
 * collects the load reports drivers log every second as ``dask-rl-load`` events (rollout
   tasks in flight, ready trajectories, learners in flight, measured task times);
-* answers ``adaptive_target`` with :func:`dask_rl.scaling.target` for the RL load while any
+* answers ``adaptive_target`` with :func:`dask_rl.control.scaling.target` for the RL load while any
   driver reports one, and with Dask's own estimate otherwise (reports older than ``STALE_S``
   are ignored, so a finished run lets the cluster shrink);
 * never offers a worker that holds an actor in ``workers_to_close``: adaptive scale-down would
@@ -22,7 +22,7 @@ import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from dask_rl.scaling import Bounds, Load, target
+from dask_rl.control.scaling import Bounds, Load, target
 
 logger = logging.getLogger(__name__)
 

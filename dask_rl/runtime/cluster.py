@@ -88,7 +88,7 @@ def _kubernetes(cfg: ClusterConfig) -> Iterator[Client]:
     except ImportError:
         raise RuntimeError("cluster.kind kubernetes needs the 'k8s' extra "
                            "(pip install 'dask-rl[k8s]')") from None
-    from dask_rl.k8s import render_cluster_spec, render_worker_groups
+    from dask_rl.deploy.k8s import render_cluster_spec, render_worker_groups
 
     k = cfg.kubernetes
     spec = {"apiVersion": "kubernetes.dask.org/v1", "kind": "DaskCluster",
@@ -110,9 +110,11 @@ def _kubernetes(cfg: ClusterConfig) -> Iterator[Client]:
 
 def _config_spec(cfg: ClusterConfig, render):
     """Render with a pipeline that has this cluster section (the renderers take pipelines)."""
-    from dask_rl.config import PipelineConfig
+    import dataclasses
 
-    return render(PipelineConfig(cluster=cfg))
+    from dask_rl.config import from_dict
+
+    return render(dataclasses.replace(from_dict({}, check_env=False), cluster=cfg))
 
 
 def special_workers(client: Client) -> tuple[list[str], list[str]]:

@@ -22,7 +22,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.http.utils import RequestHandler
 
 from dask_rl.dashboard.state import RunViews
-from dask_rl.metrics import TOPIC
+from dask_rl.data.metrics import TOPIC
 
 logger = logging.getLogger(__name__)
 

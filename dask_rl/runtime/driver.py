@@ -1,23 +1,18 @@
-"""The driver: the run loop of an asynchronous trainer (PPO, IMPACT) on a Dask cluster.
+"""The driver of asynchronous learners (PPO, IMPACT, ...) on a Dask cluster.
 
-It keeps ``rollout.num_actors`` rollout tasks in flight, launches a learner task on each
-trajectory as it completes (Stellaris' on-demand learners, at most ``learner.max_learners`` at
-once), evaluates greedily, checkpoints, and stops. Trajectories never come to the client: the
-driver only holds their futures, and learner tasks return a few statistics. Off-policy
-algorithms (IMPACT, ``algo.replay > 1``) keep the futures of recent trajectories in a circular
-buffer and replay each up to ``replay`` times when learners would otherwise idle — the data
-stays on its worker.
+It executes the decisions of a :class:`~dask_rl.control.launch.LaunchPolicy` — rollout tasks
+on slots, learner tasks on trajectories (Stellaris' on-demand learners) — and reports what
+came of them back to it; it evaluates greedily, checkpoints, recovers and stops. Trajectories
+never come to the client: the driver only holds their futures, and learner tasks return small
+:class:`~dask_rl.data.LearnerReport` s. When the algorithm asks for replay
+(:attr:`~dask_rl.algos.base.Needs.replay`), the futures of recent trajectories wait in a
+:class:`~dask_rl.control.replay.TrajectoryReplay` on their workers.
 
 Failures: a lost rollout or learner worker costs only its tasks, which Dask re-runs; a lost
 (or hung) parameter actor is noticed by the supervisor's heartbeat or by failing tasks, and the
 driver re-creates it from the latest checkpoint (one is written at the start), drops the work
 in flight — gradients computed on versions newer than the checkpoint are never applied — and
 goes on. Each recovery is logged, written to metrics.jsonl and counted in the summary.
-
-Rollouts and learners never wait for each other, unless the aggregation strategy is
-``synchronous``: then rollouts run in rounds, each round on the version the previous round's
-update produced. A trajectory completed while ``rollout.max_ready`` are already waiting pauses
-its rollout slot until learners catch up (backpressure instead of an unbounded queue).
 """
 
 from __future__ import annotations
@@ -30,16 +25,28 @@ import time
 import numpy as np
 from distributed import Future, wait
 
+from dask_rl.algos import registry
 from dask_rl.checkpoint import Pending
 from dask_rl.config import to_dict
+from dask_rl.control.accounting import Accounting
+from dask_rl.control.launch import Discarded, LaunchPolicy
+from dask_rl.control.replay import TrajectoryReplay
+from dask_rl.control.schedule import EvalSchedule, learner_seed, learning_rate
+from dask_rl.data import Evaluation, LearnerReport
+from dask_rl.data.summary import LearnerSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat, make_model
 from dask_rl.models.normalizer import empty_moments
 from dask_rl.runtime.adaptive import LOAD_TOPIC
 from dask_rl.runtime.cluster import place_slots
-from dask_rl.runtime.tasks import (evaluate_task, learner_task, read_replay_task,
-                                   rollout_task, write_replay_task)
-from dask_rl.runtime.trainer import RECENT_EPISODES, Trainer
+from dask_rl.runtime.tasks import (
+    evaluate_task,
+    learner_task,
+    read_replay_task,
+    rollout_task,
+    write_replay_task,
+)
+from dask_rl.runtime.trainer import Trainer
 from dask_rl.staleness import STRATEGIES
 
 logger = logging.getLogger(__name__)
@@ -47,54 +54,47 @@ logger = logging.getLogger(__name__)
 MAX_CONSECUTIVE_FAILURES = 5
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Task:
+    """What the driver remembers of a future it holds."""
+
     kind: str                 # "rollout" | "learner" | "eval"
     slot: int = -1
     learner_id: str = ""
-    trajectory: Future | None = None
     first_use: bool = True    # learner: the trajectory's first learning (not a replay)
     concurrent: int = 0       # learner: learners in flight when it was launched, itself included
 
 
 class Driver(Trainer):
-    """The asynchronous trainer (PPO, IMPACT); :meth:`run` returns the summary.
+    """The asynchronous trainer; :meth:`run` returns a
+    :class:`~dask_rl.data.summary.LearnerSummary`.
 
-    Takes the arguments of :class:`~dask_rl.runtime.trainer.Trainer`; ``progress`` is called
-    after every learner result.
+    Takes the arguments of :class:`~dask_rl.runtime.run.Run`; ``progress`` is called after
+    every learner result.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cfg = self.cfg
-        self.synchronous = STRATEGIES[cfg.aggregation.strategy].synchronous
-        # counters, checkpointed
-        self.learner_seq = 0
-        self.rollout_seq = 0
-        # live state
-        self.env_steps_collected = 0
-        self.learners_done = 0
+        self.needs = registry.build(self.cfg.algo).needs
+        self.replay: TrajectoryReplay[Future] | None = None
+        if self.needs.replay > 1:
+            self.replay = TrajectoryReplay(replay=self.needs.replay,
+                                           capacity=self.needs.replay_capacity)
+        self.accounting = Accounting()
+        # slots are set once the cluster's size is known (run)
+        self.policy: LaunchPolicy[Future] = LaunchPolicy(
+            slots=0, max_learners=self.cfg.learner.max_learners,
+            max_ready=self.cfg.rollout.max_ready or self.cfg.learner.max_learners,
+            synchronous=STRATEGIES[self.cfg.aggregation.strategy].synchronous,
+            replay=self.replay)
+        self.evaluations = EvalSchedule(every_updates=self.cfg.stop.eval_every_updates,
+                                        target=self.target)
         self.inflight: dict[Future, _Task] = {}
-        self.ready: collections.deque[Future] = collections.deque()
-        self.replay = getattr(cfg.algo, "replay", 1)
-        # circular buffer of [trajectory future, times learned], newest last
-        self.replay_buffer: collections.deque[list] = collections.deque(
-            maxlen=getattr(cfg.algo, "buffer_size", 1))
-        self.idle_slots: list[int] = []
-        self.failures = collections.Counter()
-        # every completed trajectory is learned from or deliberately dropped, and counted
-        self.trajectories_produced = 0
-        self.trajectories_consumed = 0
-        self.dropped_trajectories = 0
-        self.cancelled_rollouts = 0
-        self.learner_busy_s = 0.0
-        self.rollout_busy_s = 0.0
-        self.trajectory_bytes = 0
-        self.draining = False
-        self.last_eval_updates = -1
+        self.failures: collections.Counter[str] = collections.Counter()
+        self.learner_seq = 0   # checkpointed, so task keys and seeds never repeat
+        self.rollout_seq = 0
         self.last_load_report = 0.0
-        self.rollout_ema = 0.0  # seconds per rollout / learner task, for the adaptive policy
-        self.learner_ema = 0.0
+        self.last_rescale = 0.0
         # per-trainer hyperparameters (population-based training): learner.lr and algo.*
         self.hparams: dict[str, float] = {}
 
@@ -112,44 +112,53 @@ class Driver(Trainer):
             moments["return"] = empty_moments(1)
         return get_flat(model), moments or None
 
+    def actor_options(self) -> dict:
+        return {"target_every": self.needs.target_network_every}
+
     def driver_state(self) -> dict:
         return {"learner_seq": self.learner_seq, "rollout_seq": self.rollout_seq}
 
     def load_driver_state(self, d: dict) -> None:
         self.learner_seq = int(d["learner_seq"])
         self.rollout_seq = int(d["rollout_seq"])
-        self.env_steps_collected = self.env_steps
+        self.accounting.env_steps_collected = self.env_steps
 
     def write_extra(self, pending: Pending) -> tuple[int, dict]:
         """An off-policy run's replay buffer, written by the workers holding it."""
-        replay = [entry for entry in self.replay_buffer if entry[0].status == "finished"]
-        if not replay or not self.cfg.checkpoint.replay_buffer:
+        if self.replay is None or not self.cfg.checkpoint.replay_buffer:
             return 0, {}
-        wait([self.client.submit(write_replay_task, pending.url, i, entry[0], pure=False)
-              for i, entry in enumerate(replay)])
-        return len(replay), {"replay_uses": [entry[1] for entry in replay]}
+        kept = [(fut, uses) for fut, uses in self.replay.items() if fut.status == "finished"]
+        if not kept:
+            return 0, {}
+        wait([self.client.submit(write_replay_task, pending.url, i, fut, pure=False)
+              for i, (fut, _) in enumerate(kept)])
+        return len(kept), {"replay_uses": [uses for _, uses in kept]}
 
     def restore_extra(self, name: str, meta: dict) -> None:
         """Reload a checkpoint's replay buffer onto the workers (never through the driver)."""
-        self.replay_buffer.clear()
+        if self.replay is None:
+            return
         url = self.store.url(name)
-        for i, uses in enumerate(meta.get("replay_uses", [])[:meta.get("replay", 0)]):
-            self.replay_buffer.append(
-                [self.client.submit(read_replay_task, url, i, pure=False), uses])
+        uses = meta.get("replay_uses", [])[:meta.get("replay", 0)]
+        self.replay.restore([(self.client.submit(read_replay_task, url, i, pure=False), n)
+                             for i, n in enumerate(uses)])
 
-    def summary_extra(self, actor_metrics: dict) -> dict:
-        wall = self.elapsed()
-        threads = sum(self.client.nthreads().values())
-        return {"strategy": self.cfg.aggregation.strategy,
-                "env_steps_collected": self.env_steps_collected,
-                "trajectories_produced": self.trajectories_produced,
-                "trajectories_consumed": self.trajectories_consumed,
-                "dropped_trajectories": self.dropped_trajectories,
-                "cancelled_rollouts": self.cancelled_rollouts,
-                "trajectory_bytes": self.trajectory_bytes,
-                "learner_time_share": self.learner_busy_s / max(wall * threads, 1e-9),
-                "rollout_time_share": self.rollout_busy_s / max(wall * threads, 1e-9),
-                "num_actors": self.num_actors}
+    def on_actor_lost(self, reason: str) -> None:
+        """Re-create the parameter actor from the latest checkpoint and carry on.
+
+        Everything in flight talks to the lost actor, and trajectories waiting for learners may
+        be lost with their workers (Dask would recompute them with the old actor's handle): all
+        of it is dropped and counted. Gradients computed on versions newer than the checkpoint
+        die with their learner tasks, so none is ever applied.
+        """
+        lost = list(self.inflight)
+        self.inflight.clear()
+        self._discarded(self.policy.discard_all())
+        if lost:
+            self.client.cancel(lost)
+        self.replace_actor(reason)
+        self.failures.clear()
+        self.evaluations.reset()
 
     def _check_resources(self) -> None:
         gpus = self.cfg.learner.gpus
@@ -165,31 +174,31 @@ class Driver(Trainer):
                 f"set learner.gpus: 0")
 
     # ---- the loop ------------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> LearnerSummary:
         """Train until a stop condition holds; returns the summary (also in summary.json)."""
         try:
-            self.open()
+            cfg = self.cfg
+            self.open()  # waits for a worker to hold the parameter actor
             threads = sum(self.client.nthreads().values())
-            self.num_actors = self.cfg.rollout.num_actors or threads
-            self.slot_workers = place_slots(self.client, self.num_actors)
+            slots = cfg.rollout.slots or threads
+            self.policy.resize(slots)
+            self.slot_workers = place_slots(self.client, slots)
             self.known_workers = set(self.client.nthreads())
             self.last_rescale = time.time()
             logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
-                        self.run_name, self.num_actors, self.cfg.learner.max_learners, threads,
-                        self.cfg.aggregation.strategy)
-            self.metrics.write("run", {"event": "start", "config": to_dict(self.cfg),
-                                       "num_actors": self.num_actors})
-            for slot in range(self.num_actors):
-                self._submit_rollout(slot)
-            while not self._finished():
+                        self.run_name, slots, cfg.learner.max_learners, threads,
+                        cfg.aggregation.strategy)
+            self.metrics.write("run", {"event": "start", "config": to_dict(cfg),
+                                       "rollout_slots": slots})
+            self._launch()
+            while not self.policy.finished:
                 for fut in self._wait_some(0.5):
                     if fut in self.inflight:  # a recovery may have cleared it meanwhile
                         self._handle(fut, self.inflight.pop(fut))
-                if self.supervisor.heartbeat_due() and not self.supervisor.alive():
-                    self._recover("the parameter actor missed its heartbeat")
+                self.check_heartbeat()
                 self._check_stop()
                 self._rescale()
-                self._refill()
+                self._launch()
                 self._maybe_evaluate()
                 self._report_load()
                 self.maybe_checkpoint()
@@ -200,30 +209,25 @@ class Driver(Trainer):
 
     def _wait_some(self, timeout: float) -> list[Future]:
         """Futures that completed within ``timeout`` seconds (possibly none)."""
+        if not self.inflight:  # e.g. no worker yet: nothing to wait for, do not spin
+            time.sleep(min(timeout, 0.1))
+            return []
         try:
             done, _ = wait(list(self.inflight), timeout=timeout, return_when="FIRST_COMPLETED")
         except TimeoutError:
             return []
         return list(done)
 
-    def _finished(self) -> bool:
-        if self.stop_reason is None:
-            return False
-        if self.draining:
-            # Budget reached: learn from everything collected, then end.
-            busy = any(t.kind in ("rollout", "learner") for t in self.inflight.values())
-            return not busy and not self.ready
-        return True
-
     def _check_stop(self) -> None:
-        if self.stop_reason is not None:
+        if self.policy.stopping:
             return
-        reason = self.budget_reason()
-        if reason == "env_steps" or (reason is None and self.env_steps_collected
-                                     >= self.cfg.stop.env_steps):
-            self.stop_reason, self.draining = "env_steps", True
-        elif reason == "wall_s":
+        reason = self.stop_reason or self.budget_reason()
+        if reason is None and self.accounting.env_steps_collected >= self.cfg.stop.env_steps:
+            reason = "env_steps"
+        if reason is not None:
+            # Budget reached: learn from everything collected, then end.
             self.stop_reason = reason
+            self.policy.stop(drain=reason == "env_steps")
 
     def _handle(self, fut: Future, task: _Task) -> None:
         if fut.status != "finished":
@@ -231,11 +235,8 @@ class Driver(Trainer):
             return
         self.failures[task.kind] = 0
         if task.kind == "rollout":
-            self.trajectories_produced += 1
-            self.env_steps_collected += self.cfg.batch_size
-            self.ready.append(fut)
-            if task.slot < self.num_actors:
-                self.idle_slots.append(task.slot)
+            self.accounting.rollout_finished(self.cfg.batch_size)
+            self.policy.rollout_done(task.slot, fut)
         elif task.kind == "learner":
             self._on_learner(fut.result(), task)
         elif task.kind == "eval":
@@ -245,105 +246,30 @@ class Driver(Trainer):
         exc = fut.exception() if fut.status == "error" else None
         logger.warning("%s task %s: %r", task.kind, fut.status, exc)
         if not self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
-            self._recover(f"a {task.kind} task failed and the parameter actor is gone: {exc!r}")
+            self.on_actor_lost(f"a {task.kind} task failed and the parameter actor is gone: "
+                               f"{exc!r}")
             return
         self.failures[task.kind] += 1
         if self.failures[task.kind] >= MAX_CONSECUTIVE_FAILURES:
             raise RuntimeError(f"{self.failures[task.kind]} {task.kind} tasks failed in a row; "
                                f"last error: {exc!r}") from exc
         if task.kind == "rollout":
-            self.idle_slots.append(task.slot)
+            self.policy.rollout_failed(task.slot)
         elif task.kind == "learner":
+            self.policy.learner_failed(task.first_use)
             self.actor.submit("learner_lost", task.learner_id)
-            self.dropped_trajectories += task.first_use
+            self.accounting.dropped(trajectories=int(task.first_use))
 
-    def _drop_pending(self, tasks) -> None:
-        """Count what a stop or a recovery throws away: ready trajectories and those whose
-        first learner is cancelled are dropped; unfinished rollouts are cancelled."""
-        tasks = list(tasks)
-        self.dropped_trajectories += len(self.ready) + sum(
-            t.kind == "learner" and t.first_use for t in tasks)
-        self.cancelled_rollouts += sum(t.kind == "rollout" for t in tasks)
-
-    # ---- recovery ------------------------------------------------------------------------------
-    def on_actor_lost(self, reason: str) -> None:
-        self._recover(reason)
-
-    def _recover(self, reason: str) -> None:
-        """Re-create the parameter actor from the latest checkpoint and carry on.
-
-        Everything in flight talks to the lost actor, and trajectories waiting for learners may
-        be lost with their workers (Dask would recompute them with the old actor's handle): all
-        of it is dropped and counted. Gradients computed on versions newer than the checkpoint
-        die with their learner tasks, so none is ever applied.
-        """
-        lost = list(self.inflight)
-        self._drop_pending(self.inflight.values())
-        self.idle_slots = sorted({*self.idle_slots, *(t.slot for t in self.inflight.values()
-                                                      if t.kind == "rollout")})
-        self.inflight.clear()
-        self.ready.clear()
-        self.replay_buffer.clear()
-        if lost:
-            self.client.cancel(lost)
-        self.replace_actor(reason)
-        self.failures.clear()
-        self.last_eval_updates = -1
+    def _discarded(self, gone: Discarded) -> None:
+        self.accounting.dropped(trajectories=gone.trajectories, rollouts=gone.rollouts)
 
     # ---- launching -----------------------------------------------------------------------------
-    def _report_load(self) -> None:
-        """Tell the scheduler's adaptive policy what this trainer wants (once a second)."""
-        now = time.time()
-        if now - self.last_load_report < 1.0:
-            return
-        self.last_load_report = now
-        kinds = collections.Counter(t.kind for t in self.inflight.values())
-        self.client.log_event(LOAD_TOPIC, {
-            "run": self.run_name, "rollouts": kinds["rollout"], "ready": len(self.ready),
-            "learners": kinds["learner"], "max_learners": self.cfg.learner.max_learners,
-            "rollout_s": self.rollout_ema, "learner_s": self.learner_ema,
-            "gpu": self.cfg.learner.gpus > 0, "time": now})
-
-    def _rescale(self) -> None:
-        """Follow the cluster as workers come and go (adaptive scaling, failures).
-
-        Rollout slots are spread over the current workers again, and, unless
-        ``rollout.num_actors`` fixes it, there is one slot per worker thread. Learners follow
-        on their own: one is launched per completed trajectory, so more slots mean more
-        learners, up to ``learner.max_learners`` (Stellaris' orchestration).
-        """
-        if time.time() - self.last_rescale < 1.0:
-            return
-        self.last_rescale = time.time()
-        nthreads = self.client.nthreads()
-        if not nthreads or set(nthreads) == self.known_workers:
-            return
-        self.known_workers = set(nthreads)
-        old = self.num_actors
-        new = self.cfg.rollout.num_actors or sum(nthreads.values())
-        self.num_actors = new
-        self.slot_workers = place_slots(self.client, new)
-        if new > old:
-            self.idle_slots.extend(range(old, new))
-        # Slots beyond the new count are retired: their tasks finish, they are not resubmitted.
-        self.idle_slots = [s for s in self.idle_slots if s < new]
-        self.metrics.write("rescale", {"slots": new, "previous": old, "workers": len(nthreads),
-                                       "env_steps": self.env_steps})
-        logger.info("%d workers: %d rollout slots", len(nthreads), new)
-
-    def _refill(self) -> None:
-        self._launch_learners()
-        if self.stop_reason is not None:
-            return
-        if self.synchronous:
-            # A round ends when everything it collected has been learned from.
-            busy = any(t.kind in ("rollout", "learner") for t in self.inflight.values())
-            if busy or self.ready:
-                return
-        elif len(self.ready) >= (self.cfg.rollout.max_ready or self.cfg.learner.max_learners):
-            return
-        slots, self.idle_slots = self.idle_slots, []
-        for slot in slots:
+    def _launch(self) -> None:
+        """Submit what the launch policy decides."""
+        launches = self.policy.decide()
+        for launch in launches.learners:
+            self._submit_learner(launch.trajectory, launch.first_use, launch.concurrent)
+        for slot in launches.rollouts:
             self._submit_rollout(slot)
 
     def _submit_rollout(self, slot: int) -> None:
@@ -355,93 +281,89 @@ class Driver(Trainer):
                                  **placement)
         self.inflight[fut] = _Task("rollout", slot=slot)
 
-    def _next_batch(self) -> tuple[Future, bool] | None:
-        """A fresh trajectory if one is ready, else the newest one still owed a replay."""
-        if self.ready:
-            traj = self.ready.popleft()
-            if self.replay > 1:
-                self.replay_buffer.append([traj, 1])
-            return traj, True
-        if self.draining or self.stop_reason is not None:
-            return None
-        for entry in reversed(self.replay_buffer):
-            if entry[1] < self.replay:
-                entry[1] += 1
-                if entry[1] >= self.replay:
-                    self.replay_buffer.remove(entry)
-                return entry[0], False
-        return None
-
-    def _launch_learners(self) -> None:
+    def _submit_learner(self, trajectory: Future, first_use: bool, concurrent: int) -> None:
         cfg = self.cfg.learner
-        running = sum(t.kind == "learner" for t in self.inflight.values())
-        while running < cfg.max_learners:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            traj, first_use = batch
-            self.learner_seq += 1
-            lid = f"L{self.learner_seq}"
-            seed = int(np.random.SeedSequence([self.cfg.seed, 1, self.learner_seq])
-                       .generate_state(1)[0])
-            kwargs = {"resources": {"GPU": cfg.gpus}} if cfg.gpus > 0 else {}
-            overrides = {k.split(".", 1)[1]: v for k, v in self.hparams.items()
-                         if k.startswith("algo.")}
-            fut = self.client.submit(learner_task, self.run_name, traj, self.actor, lid,
-                                     self._learning_rate(), seed, overrides or None, pure=False,
-                                     key=f"learner-{lid}-{self.run_name}", **kwargs)
-            running += 1
-            self.inflight[fut] = _Task("learner", learner_id=lid, trajectory=traj,
-                                       first_use=first_use, concurrent=running)
+        self.learner_seq += 1
+        lid = f"L{self.learner_seq}"
+        kwargs = {"resources": {"GPU": cfg.gpus}} if cfg.gpus > 0 else {}
+        overrides = {k.split(".", 1)[1]: v for k, v in self.hparams.items()
+                     if k.startswith("algo.")}
+        fut = self.client.submit(learner_task, self.run_name, trajectory, self.actor, lid,
+                                 self._learning_rate(), learner_seed(self.cfg.seed,
+                                                                     self.learner_seq),
+                                 overrides or None, pure=False,
+                                 key=f"learner-{lid}-{self.run_name}", **kwargs)
+        self.inflight[fut] = _Task("learner", learner_id=lid, first_use=first_use,
+                                   concurrent=concurrent)
 
     def _learning_rate(self) -> float:
         cfg = self.cfg.learner
-        lr = self.hparams.get("learner.lr", cfg.lr)
-        if not cfg.anneal_lr:
-            return lr
-        frac = 1.0 - self.env_steps / self.cfg.stop.env_steps
-        return lr * max(frac, 0.01)
+        return learning_rate(self.hparams.get("learner.lr", cfg.lr), anneal=cfg.anneal_lr,
+                             env_steps=self.env_steps, total_env_steps=self.cfg.stop.env_steps)
+
+    def _report_load(self) -> None:
+        """Tell the scheduler's adaptive policy what this trainer wants (once a second)."""
+        now = time.time()
+        if now - self.last_load_report < 1.0:
+            return
+        self.last_load_report = now
+        self.client.log_event(LOAD_TOPIC, {
+            "run": self.run_name, "rollouts": self.policy.rollouts_in_flight,
+            "ready": len(self.policy.ready), "learners": self.policy.learners_in_flight,
+            "max_learners": self.cfg.learner.max_learners,
+            "rollout_s": self.accounting.rollout_s, "learner_s": self.accounting.learner_s,
+            "gpu": self.cfg.learner.gpus > 0, "time": now})
+
+    def _rescale(self) -> None:
+        """Follow the cluster as workers come and go (adaptive scaling, failures).
+
+        Rollout slots are spread over the current workers again, and, unless
+        ``rollout.slots`` fixes it, there is one slot per worker thread. Learners follow on
+        their own: one is launched per completed trajectory, so more slots mean more
+        learners, up to ``learner.max_learners`` (Stellaris' orchestration).
+        """
+        if time.time() - self.last_rescale < 1.0:
+            return
+        self.last_rescale = time.time()
+        nthreads = self.client.nthreads()
+        if not nthreads or set(nthreads) == self.known_workers:
+            return
+        self.known_workers = set(nthreads)
+        old = self.policy.slots
+        new = self.cfg.rollout.slots or sum(nthreads.values())
+        self.policy.resize(new)
+        self.slot_workers = place_slots(self.client, new)
+        self.metrics.write("rescale", {"slots": new, "previous": old, "workers": len(nthreads),
+                                       "env_steps": self.env_steps})
+        logger.info("%d workers: %d rollout slots", len(nthreads), new)
 
     # ---- results -------------------------------------------------------------------------------
-    def _on_learner(self, stats: dict, task: _Task) -> None:
+    def _on_learner(self, report: LearnerReport, task: _Task) -> None:
         first_use = task.first_use
-        self.updates = max(self.updates, stats["version_after"])
-        self.learner_busy_s += stats["learner/task_s"]
-        self.learner_ema = _ema(self.learner_ema, stats["learner/task_s"])
-        self.rollout_ema = _ema(self.rollout_ema, stats["rollout/collect_s"])
-        returns = stats.pop("episode_returns")
-        lengths = stats.pop("episode_lengths")
+        self.updates = max(self.updates, report.ack.version)
+        self.accounting.learner_finished(first_use=first_use, task_s=report.task_s,
+                                         collect_s=report.collect_s,
+                                         trajectory_bytes=report.trajectory_bytes)
+        returns, lengths = report.episode_returns, report.episode_lengths
         if first_use:  # a replay learns from the same steps and episodes again
-            self.trajectories_consumed += 1
-            self.env_steps += stats["trajectory_steps"]
-            self.rollout_busy_s += stats["rollout/collect_s"]
-            self.trajectory_bytes += stats["trajectory_bytes"]
+            self.env_steps += report.trajectory_steps
             self.returns.extend(returns)
             self.episodes += len(returns)
         else:
             returns, lengths = [], []
-        stats["replay"] = not first_use
-        stats["learners/in_flight"] = task.concurrent
-        self.learners_done += 1
-        record = {
-            "env_steps": self.env_steps, "env_steps_collected": self.env_steps_collected,
-            "updates": self.updates, "wall_s": self.elapsed(),
-            "steps_per_s": self.env_steps_collected / max(self.elapsed() - self.wall_offset,
-                                                          1e-9),
+        steps_per_s = self.steps_per_s(self.accounting.env_steps_collected)
+        self.metrics.write("learner", {
+            "env_steps": self.env_steps,
+            "env_steps_collected": self.accounting.env_steps_collected,
+            "updates": self.updates, "wall_s": self.elapsed(), "steps_per_s": steps_per_s,
             "charts/episodic_return": float(np.mean(returns)) if returns else None,
             "charts/episodic_length": float(np.mean(lengths)) if lengths else None,
             "charts/return_recent": self.recent_return(), "episodes": self.episodes,
-            "charts/learning_rate": self._learning_rate(), **stats,
-        }
-        self.metrics.write("learner", record)
-        if self.learners_done % self.num_actors == 0:
+            "charts/learning_rate": self._learning_rate(), **report.record(),
+            "replay": not first_use, "learners/in_flight": task.concurrent})
+        if self.policy.learner_done(first_use):
             self._end_round()
-        if self.progress is not None:
-            self.progress({"env_steps": self.env_steps, "total": self.cfg.stop.env_steps,
-                           "return": self.recent_return(), "updates": self.updates,
-                           "steps_per_s": record["steps_per_s"],
-                           "eval": self.last_eval and self.last_eval["mean_return"],
-                           "dashboard": self.dashboard})
+        self.report_progress(steps_per_s=steps_per_s)
 
     def _end_round(self) -> None:
         """A round: one trajectory per rollout slot learned. The strategy may adapt to it."""
@@ -452,17 +374,11 @@ class Driver(Trainer):
 
     # ---- evaluation ----------------------------------------------------------------------------
     def _maybe_evaluate(self) -> None:
-        if self.stop_reason is not None or self.updates == self.last_eval_updates:
+        if self.stop_reason is not None:
             return
-        if any(t.kind == "eval" for t in self.inflight.values()):
-            return
-        every = self.cfg.stop.eval_every_updates
-        periodic = every and self.updates - max(self.last_eval_updates, 0) >= every
-        recent = self.recent_return()
-        at_target = (self.target is not None and recent is not None
-                     and len(self.returns) >= min(RECENT_EPISODES, 5) and recent >= self.target)
-        if periodic or at_target:
-            self.last_eval_updates = self.updates
+        running = any(t.kind == "eval" for t in self.inflight.values())
+        if self.evaluations.due(updates=self.updates, recent_return=self.recent_return(),
+                                recent_episodes=len(self.returns), running=running):
             self._submit_eval()
 
     def _submit_eval(self) -> Future:
@@ -473,23 +389,29 @@ class Driver(Trainer):
         self.inflight[fut] = _Task("eval")
         return fut
 
+    def _evaluate_now(self) -> Evaluation:
+        return self._submit_eval().result()
+
     # ---- the end -------------------------------------------------------------------------------
-    def _finish(self) -> dict:
+    def _finish(self) -> LearnerSummary:
         cancelled = [f for f, t in self.inflight.items() if t.kind != "eval"]
-        self._drop_pending([self.inflight[f] for f in cancelled])
         if cancelled:
             self.client.cancel(cancelled)
         self.inflight = {f: t for f, t in self.inflight.items() if t.kind == "eval"}
-        self.ready.clear()
-        self.replay_buffer.clear()
+        self._discarded(self.policy.discard_all())
         if not self.supervisor.alive():
-            self._recover("the parameter actor was lost at the end of the run")
-        final = self.last_eval
-        if self.stop_reason != "solved" or final is None:
-            final = self._submit_eval().result()
-            self.record_eval(final)
-        return self.summary(final)
-
-
-def _ema(previous: float, value: float, weight: float = 0.2) -> float:
-    return value if previous == 0.0 else (1 - weight) * previous + weight * value
+            self.on_actor_lost("the parameter actor was lost at the end of the run")
+        final = self.final_evaluation(self._evaluate_now)
+        fields = self.trainer_summary(final)
+        busy = max(fields["wall_s"] * fields["worker_threads"], 1e-9)
+        a = self.accounting
+        summary = LearnerSummary(
+            **fields, strategy=self.cfg.aggregation.strategy,
+            rollout_slots=self.policy.slots, env_steps_collected=a.env_steps_collected,
+            trajectories_produced=a.trajectories_produced,
+            trajectories_consumed=a.trajectories_consumed,
+            dropped_trajectories=a.dropped_trajectories,
+            cancelled_rollouts=a.cancelled_rollouts, trajectory_bytes=a.trajectory_bytes,
+            learner_time_share=a.learner_busy_s / busy,
+            rollout_time_share=a.rollout_busy_s / busy)
+        return self.end(summary)

@@ -6,8 +6,8 @@ plays whole episodes for ``theta +- sigma * eps`` on a worker that holds the sha
 and the generation's ``theta`` (cached per worker by version) and returns scalars only — then
 ranks the ``2N`` returns and sends the per-pair weights to a task on the parameter actor's
 worker, which forms the weighted noise sum from its own table and pushes the step to the actor
-(Adam, ``algo.lr``). Every ``algo.eval_every`` generations a noiseless evaluation of ``theta``
-runs beside the perturbations; reaching ``stop.target_return`` ends the run.
+(Adam, ``algo.step_size``). Every ``algo.eval_every`` generations a noiseless evaluation of
+``theta`` runs beside the perturbations; reaching ``stop.target_return`` ends the run.
 """
 
 from __future__ import annotations
@@ -18,18 +18,22 @@ import time
 import numpy as np
 
 from dask_rl.algos import es
-from dask_rl.config import AsyncConfig, to_dict
+from dask_rl.config import ConfigError, to_dict
+from dask_rl.data import ESStep, Evaluation, PerturbationResult
+from dask_rl.data.summary import ESSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat, make_policy
 from dask_rl.models.normalizer import empty_moments, merge_moments
 from dask_rl.runtime.tasks import es_evaluate_task, es_noiseless_task, es_update_task
 from dask_rl.runtime.trainer import Trainer
+from dask_rl.staleness.asynchronous import AsyncConfig
 
 logger = logging.getLogger(__name__)
 
 
 class ESDriver(Trainer):
-    """OpenAI-ES on a Dask cluster; :meth:`run` returns the summary."""
+    """OpenAI-ES on a Dask cluster; :meth:`run` returns an
+    :class:`~dask_rl.data.summary.ESSummary`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -44,8 +48,6 @@ class ESDriver(Trainer):
                              normalize_obs=cfg.env.normalize_obs, seed=cfg.seed)
         params = get_flat(policy)
         if len(params) > cfg.algo.noise_table_size:
-            from dask_rl.config import ConfigError
-
             raise ConfigError(f"algo.noise_table_size: must be >= the policy's {len(params)} "
                               f"parameters, got {cfg.algo.noise_table_size}")
         moments = ({"obs": empty_moments(int(np.prod(obs_space.shape)))}
@@ -53,7 +55,10 @@ class ESDriver(Trainer):
         return params, moments
 
     def actor_options(self) -> dict:
-        return {"optimizer": "adam", "aggregation": AsyncConfig(lr=self.cfg.algo.lr)}
+        return {"optimizer": "adam", "aggregation": AsyncConfig(alpha0=self.cfg.algo.step_size)}
+
+    def plugin_options(self) -> dict:
+        return {"noise": (self.cfg.algo.noise_seed, self.cfg.algo.noise_table_size)}
 
     def driver_state(self) -> dict:
         return {"generation": self.generation, "rng": self.rng.bit_generator.state}
@@ -62,12 +67,8 @@ class ESDriver(Trainer):
         self.generation = int(d["generation"])
         self.rng.bit_generator.state = d["rng"]
 
-    def summary_extra(self, actor_metrics: dict) -> dict:
-        return {"generations": self.generation, "population": 2 * self.cfg.algo.pairs,
-                "pairs_per_task": self.cfg.algo.pairs_per_task}
-
     # ---- the loop ------------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> ESSummary:
         try:
             self.open()
             self.metrics.write("run", {"event": "start", "config": to_dict(self.cfg),
@@ -78,15 +79,14 @@ class ESDriver(Trainer):
                     self.stop_reason = reason
                     break
                 self._generation()
-                if self.supervisor.heartbeat_due() and not self.supervisor.alive():
-                    self.replace_actor("the parameter actor missed its heartbeat")
+                self.check_heartbeat()
                 self.maybe_checkpoint()
                 self.housekeeper.maybe_tidy()
-            final = self.last_eval
-            if self.stop_reason != "solved" or final is None:
-                final = self._noiseless().result()
-                self.record_eval(final)
-            return self.summary(final)
+            final = self.final_evaluation(lambda: self._noiseless().result())
+            cfg = self.cfg.algo
+            return self.end(ESSummary(**self.trainer_summary(final), generations=self.generation,
+                                      population=2 * cfg.pairs,
+                                      pairs_per_task=cfg.pairs_per_task))
         finally:
             self.close()
 
@@ -111,34 +111,34 @@ class ESDriver(Trainer):
                 pure=False, key=f"es-eval-{self.generation}-{start}-{self.run_name}"))
         evaluation = self._noiseless() if self.generation % cfg.eval_every == 0 else None
         try:
-            results = self.client.gather(tasks)
+            results: list[PerturbationResult] = self.client.gather(tasks)
         except Exception as e:  # a lost actor takes the generation with it
             if not self.supervisor.alive(timeout=5.0):
                 self.client.cancel(tasks + ([evaluation] if evaluation else []))
-                self.replace_actor(f"an ES task failed and the parameter actor is gone: {e!r}")
+                self.on_actor_lost(f"an ES task failed and the parameter actor is gone: {e!r}")
                 return
             raise
-        returns = np.concatenate([r["returns"] for r in results])
-        lengths = np.concatenate([r["lengths"] for r in results])
+        returns = np.concatenate([r.returns for r in results])
+        lengths = np.concatenate([r.lengths for r in results])
         moments = None
         for r in results:
-            if r["moments"] is not None:
-                moments = r["moments"] if moments is None else merge_moments(moments,
-                                                                              r["moments"])
+            if r.moments is not None:
+                moments = r.moments if moments is None else merge_moments(moments, r.moments)
         weights = es.weights(returns)
         update = self.client.submit(
             es_update_task, self.run_name, self.actor, version, idx, weights,
             {"obs": moments} if moments is not None else None, pure=False,
             workers=[self.supervisor.address], allow_other_workers=True,
             key=f"es-update-{self.generation}-{self.run_name}")
-        ack = update.result()
-        self.updates = ack["version"]
+        step: ESStep = update.result()
+        self.updates = step.ack.version
         self.generation += 1
         self.env_steps += int(lengths.sum())
         self.episodes += returns.size * cfg.episodes
         self.returns.extend(returns.ravel().tolist())
         if evaluation is not None:  # noiseless episodes are not counted as training steps
-            self.record_eval(evaluation.result())
+            result: Evaluation = evaluation.result()
+            self.record_eval(result)
         seconds = time.perf_counter() - t0
         record = {"generation": self.generation, "env_steps": self.env_steps,
                   "updates": self.updates, "wall_s": self.elapsed(),
@@ -147,13 +147,8 @@ class ESDriver(Trainer):
                   "charts/return_min": float(returns.min()),
                   "charts/return_recent": self.recent_return(),
                   "charts/episodic_length": float(lengths.mean() / cfg.episodes),
-                  "es/grad_norm": ack["grad_norm"], "es/status": ack["status"],
+                  "es/grad_norm": step.grad_norm, "es/status": step.ack.status,
                   "es/tasks": len(tasks), "es/generation_s": seconds,
-                  "steps_per_s": self.env_steps / max(self.elapsed() - self.wall_offset, 1e-9)}
+                  "steps_per_s": self.steps_per_s()}
         self.metrics.write("generation", record)
-        if self.progress is not None:
-            self.progress({"env_steps": self.env_steps, "total": self.cfg.stop.env_steps,
-                           "return": float(returns.mean()), "updates": self.updates,
-                           "steps_per_s": record["steps_per_s"],
-                           "eval": self.last_eval and self.last_eval["mean_return"],
-                           "dashboard": self.dashboard})
+        self.report_progress(recent_return=float(returns.mean()))

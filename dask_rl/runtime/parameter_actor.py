@@ -2,10 +2,10 @@
 
 It runs as a Dask actor (``client.submit(ParameterActor, ..., actor=True)``) on one worker and
 knows flat parameter vectors, versions, an optimizer and an aggregation strategy — nothing about
-PPO or ES. Learner tasks call :meth:`pull` and :meth:`push`; rollout tasks call :meth:`pull`
+PPO or ES. Learner tasks call :meth:`pull_learner` and :meth:`push`; rollout tasks call :meth:`pull`
 with the version they already hold, which answers ``None`` when nothing changed.
 
-Every published version is an immutable :class:`~dask_rl.types.PolicySnapshot`: applying an
+Every published version is an immutable :class:`~dask_rl.data.PolicySnapshot`: applying an
 update builds new arrays instead of writing into old ones, so a snapshot handed to a task on
 the same worker (no serialisation) never changes under it, and the last few versions stay
 available for Stellaris' importance-sampling truncation.
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from dask_rl.algos.optim import make_optimizer
+from dask_rl.data import PolicySnapshot, PushAck
 from dask_rl.models.normalizer import merge_moments
 from dask_rl.staleness import Arrival, Decision, make_strategy
-from dask_rl.types import PolicySnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ParameterActor:
     params
         Initial flat float32 parameters.
     aggregation
-        The pipeline's ``aggregation`` config (strategy name, step size alpha0, ...).
+        The pipeline's ``aggregation`` config (strategy name, step size ``alpha0``, ...).
     moments
         Initial running statistics (``{"obs": ..., "return": ...}``) when the pipeline
         normalises observations or rewards; learners' pushes merge into them.
@@ -64,7 +64,7 @@ class ParameterActor:
         Learners allowed at once (lambda of n-softsync, the waiting bound of Stellaris).
     target_every
         Keep a target network, refreshed to the current parameters every this many updates
-        (IMPACT); None keeps none.
+        (:attr:`~dask_rl.algos.base.Needs.target_network_every`); None keeps none.
     optimizer
         How aggregated gradients are applied: ``sgd`` (``theta -= alpha0 * g``) or ``adam``.
     """
@@ -76,7 +76,7 @@ class ParameterActor:
         self.aggregation = aggregation
         self.strategy = make_strategy(aggregation, learners=learners)
         self.optimizer = make_optimizer(optimizer, np.zeros(len(params), np.float32))
-        self.lr = float(aggregation.lr)
+        self.alpha0 = float(aggregation.alpha0)
         self.keep_versions = keep_versions
         self.current = PolicySnapshot(0, np.array(params, np.float32), moments or None)
         self.opt_state: dict | None = None
@@ -125,12 +125,13 @@ class ParameterActor:
         return snapshot, others
 
     @_locked
-    def push(self, gradient: np.ndarray, version: int, learner_id: str, *,
+    def push(self, delta: np.ndarray, version: int, learner_id: str, *,
              opt_state: dict | None = None, moments: dict | None = None,
-             finite_loss: bool = True) -> dict:
-        """A learner's gradient, computed on ``version``. Returns what became of it.
+             finite_loss: bool = True) -> PushAck:
+        """A learner's parameter delta (the strategy's *gradient*), computed on ``version``.
+        Returns what became of it.
 
-        A gradient with NaN or infinite values, of the wrong size, or from a learner whose loss
+        A delta with NaN or infinite values, of the wrong size, or from a learner whose loss
         was not finite is rejected: counted, never applied.
         """
         t0 = time.perf_counter()
@@ -140,16 +141,16 @@ class ParameterActor:
             merged = {k: merge_moments(v, moments[k]) if k in moments else v
                       for k, v in self.current.moments.items()}
             self.current = PolicySnapshot(self.current.version, self.current.params, merged)
-        problem = ("wrong shape" if gradient.shape != self.current.params.shape
+        problem = ("wrong shape" if delta.shape != self.current.params.shape
                    else "a non-finite loss" if not finite_loss
-                   else "NaN or inf values" if not np.isfinite(gradient).all() else None)
+                   else "NaN or inf values" if not np.isfinite(delta).all() else None)
         if problem:
             self.rejected += 1
             logger.warning("rejected a gradient from %s: %s", learner_id, problem)
             self._execute(self.strategy.on_learner_lost(learner_id))
-            return {"status": "rejected", "version": self.current.version}
+            return PushAck("rejected", self.current.version)
         gid = next(self.ids)
-        self.gradients[gid] = (gradient, opt_state)
+        self.gradients[gid] = (delta, opt_state)
         staleness = self.strategy.version - version
         decisions = self.strategy.on_gradient(Arrival(gid, learner_id, version))
         self._execute(decisions)
@@ -160,7 +161,7 @@ class ParameterActor:
             status = "dropped"
         else:
             status = "buffered"
-        return {"status": status, "staleness": staleness, "version": self.current.version}
+        return PushAck(status, self.current.version, staleness)
 
     @_locked
     def ping(self) -> int:
@@ -262,7 +263,7 @@ class ParameterActor:
             if opt_state is not None:
                 states.append(opt_state)
         params = cur.params.copy()
-        self.optimizer.step(params, g, self.lr)
+        self.optimizer.step(params, g, self.alpha0)
         if states:
             self.opt_state = _mean_opt_state(states)
         self.current = PolicySnapshot(cur.version + 1, params, cur.moments)

@@ -17,54 +17,45 @@ import dataclasses
 import logging
 import threading
 import time
-from pathlib import Path
-from typing import Callable
 
 import numpy as np
-from distributed import Client
 
 from dask_rl.algos import pbt
-from dask_rl.checkpoint import CheckpointStore
 from dask_rl.config import PipelineConfig, to_dict
-from dask_rl.metrics import MetricsLog
+from dask_rl.data.summary import LearnerSummary, MemberSummary, PBTSummary
 from dask_rl.runtime.driver import Driver
+from dask_rl.runtime.run import Run
 from dask_rl.runtime.tasks import copy_parameters_task, evaluate_task
 
 logger = logging.getLogger(__name__)
 
 
-class PBTDriver:
-    """Runs a population of trainers with exploit / explore; :meth:`run` returns the summary."""
+class PBTDriver(Run):
+    """Runs a population of trainers with exploit / explore; :meth:`run` returns a
+    :class:`~dask_rl.data.summary.PBTSummary`."""
 
-    def __init__(self, client: Client, cfg: PipelineConfig, run_dir, *,
-                 progress: Callable[[dict], None] | None = None, resume: bool = False):
-        self.client = client
-        self.cfg = cfg
-        self.pop = cfg.population
-        self.run_dir = Path(run_dir)
-        self.progress = progress
-        self.resume = resume
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("name", f"pbt-{int(time.time())}")
+        super().__init__(*args, **kwargs)
+        self.pop = self.cfg.population
         self.space = {k: (float(lo), float(hi)) for k, (lo, hi) in
                       self.pop.hyperparameters.items()}
-        self.rng = np.random.default_rng(cfg.seed)
+        self.rng = np.random.default_rng(self.cfg.seed)
         self.lineage: list[dict] = []
         self.scores: dict[int, float] = {}
         self.first_scores: dict[int, float] = {}
         self.next_ready: list[int] = [self.pop.ready_env_steps] * self.pop.members
         self.members: list[Driver] = []
-        self.results: dict[int, dict] = {}
+        self.results: dict[int, LearnerSummary] = {}
         self.errors: dict[int, BaseException] = {}
 
     def _member_config(self, i: int) -> PipelineConfig:
         # Each member is an ordinary trainer with its own seed and no population of its own.
         return dataclasses.replace(self.cfg, seed=self.cfg.seed * 1000 + i, population=None)
 
-    def run(self) -> dict:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        t0 = time.time()
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", client=self.client,
-                                  run=f"pbt-{int(t0)}")
-        self.store = CheckpointStore(self.run_dir / "checkpoints", keep=self.cfg.checkpoint.keep)
+    def run(self) -> PBTSummary:
+        self.open_run()
+        t0 = self.t0
         try:
             state = self._restore() if self.resume else None
             for i in range(self.pop.members):
@@ -92,15 +83,14 @@ class PBTDriver:
                 if time.time() - last_checkpoint >= max(self.cfg.checkpoint.every_s, 1.0):
                     self.checkpoint()
                     last_checkpoint = time.time()
-                if self.progress is not None:
-                    self.progress(self._progress())
+                self._report_progress()
             if self.errors:
                 i, err = next(iter(self.errors.items()))
                 raise RuntimeError(f"population member {i} failed: {err!r}") from err
             self.checkpoint()
             return self._summary(time.time() - t0)
         finally:
-            self.metrics.close()
+            self.close()
 
     def _train(self, i: int) -> None:
         try:
@@ -116,7 +106,7 @@ class PBTDriver:
         try:
             score = self.client.submit(evaluate_task, member.run_name, member.actor,
                                        self.pop.eval_episodes, 50_000 + len(self.lineage),
-                                       pure=False).result()["mean_return"]
+                                       pure=False).result().mean_return
         except Exception as e:  # the member is finishing or recovering: score it next time
             logger.info("could not score member %d: %r", i, e)
             return
@@ -176,45 +166,44 @@ class PBTDriver:
         return s
 
     # ---- the end -------------------------------------------------------------------------------
-    def _progress(self) -> dict:
+    def _report_progress(self) -> None:
         steps = sum(m.env_steps for m in self.members)
         returns = [m.recent_return() for m in self.members if m.recent_return() is not None]
-        return {"env_steps": steps, "total": self.cfg.stop.env_steps * self.pop.members,
-                "return": max(returns) if returns else None,
-                "updates": sum(m.updates for m in self.members),
-                "steps_per_s": steps / max(time.time() - self.members[0].t0, 1e-9),
-                "eval": max(self.scores.values()) if self.scores else None}
+        self.report_progress(
+            env_steps=steps, total=self.cfg.stop.env_steps * self.pop.members,
+            recent_return=max(returns) if returns else None,
+            updates=sum(m.updates for m in self.members),
+            steps_per_s=steps / max(time.time() - self.members[0].t0, 1e-9),
+            eval_return=max(self.scores.values()) if self.scores else None)
 
-    def _summary(self, wall: float) -> dict:
+    def _summary(self, wall: float) -> PBTSummary:
         members = []
         for i, m in enumerate(self.members):
             s = self.results[i]
-            members.append({"member": i, "final_return": s["final_return"],
-                            "best_return": s["best_return"], "env_steps": s["env_steps"],
-                            "hparams": dict(m.hparams), "first_score": self.first_scores.get(i),
-                            "exploits": sum(r["event"] == "exploit" and r["member"] == i
-                                            for r in self.lineage),
-                            "run_dir": str(m.run_dir)})
-        best = max(members, key=lambda m: m["final_return"])
-        firsts = [m["first_score"] for m in members if m["first_score"] is not None]
+            members.append(MemberSummary(
+                member=i, final_return=s.final_return, best_return=s.best_return,
+                env_steps=s.env_steps, hparams=dict(m.hparams),
+                first_score=self.first_scores.get(i),
+                exploits=sum(r["event"] == "exploit" and r["member"] == i
+                             for r in self.lineage),
+                run_dir=str(m.run_dir)))
+        best = max(members, key=lambda m: m.final_return)
+        firsts = [m.first_score for m in members if m.first_score is not None]
         target = self.members[0].target
-        summary = {
-            "algorithm": f"pbt-{self.cfg.algo.name}", "env_id": self.cfg.env.id,
-            "env_steps": sum(m["env_steps"] for m in members),
-            "updates": sum(self.results[i]["updates"] for i in self.results), "wall_s": wall,
-            "final_return": best["final_return"], "best_member": best["member"],
-            "best_return": max(m["best_return"] or -np.inf for m in members),
-            "initial_worst_return": min(firsts) if firsts else None,
-            "target_return": target,
-            "solved": target is not None and best["final_return"] >= target,
-            "stop_reason": "members_done",
-            "staleness_mean": float(np.mean([self.results[i]["staleness_mean"]
-                                             for i in self.results])),
-            "staleness_max": max(self.results[i]["staleness_max"] for i in self.results),
-            "recoveries": sum(self.results[i]["recoveries"] for i in self.results),
-            "exploits": sum(r["event"] == "exploit" for r in self.lineage),
-            "members": members, "lineage": self.lineage,
-        }
-        self.metrics.write("run", {"event": "end", **{k: v for k, v in summary.items()
-                                                      if k not in ("lineage", "members")}})
-        return summary
+        results = list(self.results.values())
+        summary = PBTSummary(
+            algorithm=f"pbt-{self.cfg.algo.name}", env_id=self.cfg.env.id,
+            env_steps=sum(m.env_steps for m in members),
+            updates=sum(r.updates for r in results), wall_s=wall,
+            final_return=best.final_return,
+            best_return=max(m.best_return or -np.inf for m in members),
+            target_return=target,
+            solved=target is not None and best.final_return >= target,
+            stop_reason="members_done",
+            staleness_mean=float(np.mean([r.staleness_mean for r in results])),
+            staleness_max=max(r.staleness_max for r in results),
+            recoveries=sum(r.recoveries for r in results),
+            best_member=best.member, initial_worst_return=min(firsts) if firsts else None,
+            exploits=sum(r["event"] == "exploit" for r in self.lineage),
+            members=members, lineage=self.lineage)
+        return self.end(summary, omit=("lineage", "members"))

@@ -1,8 +1,8 @@
 """Worker plugins: per-worker state that outlives single tasks.
 
 :class:`RunState` is registered once per run and holds, on every worker, the live rollout
-environments (one :class:`~dask_rl.rollout.RolloutWorker` per rollout slot seen there, so
-episodes continue across tasks), the policy version each of them holds, one learner per
+environments (one :class:`~dask_rl.roles.collector.Collector` per rollout slot seen there,
+so episodes continue across tasks), the policy version each of them holds, one learner per
 worker thread, and for evolution strategies the shared noise table — built from its seed when
 the plugin is set up on the worker (workers that join later build their own), never sent over
 the network — and one ES evaluator per thread. It also pins torch to the worker's share of the
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from distributed import WorkerPlugin, get_worker
 
-from dask_rl.config import PipelineConfig
+from dask_rl.config.schema import PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,16 @@ def register_torch_sizeof() -> None:
 
 
 class RunState(WorkerPlugin):
-    """The worker side of one training run, found by tasks under ``name``."""
+    """The worker side of one training run, found by tasks under ``name``.
 
-    def __init__(self, name: str, cfg: PipelineConfig, *, torch_threads: int = 1):
+    ``noise`` is the ``(seed, size)`` of an ES run's noise table.
+    """
+
+    def __init__(self, name: str, cfg: PipelineConfig, *,
+                 noise: tuple[int, int] | None = None, torch_threads: int = 1):
         self.name = name
         self.cfg = cfg
+        self.noise_spec = noise
         self.torch_threads = torch_threads
 
     def setup(self, worker: Any) -> None:
@@ -49,37 +54,36 @@ class RunState(WorkerPlugin):
         register_torch_sizeof()
         self.worker = worker
         self.lock = threading.Lock()
-        self.rollout_workers: dict[int, Any] = {}
+        self.collectors: dict[int, Any] = {}
         self.created: dict[int, int] = {}
         self.learners: dict[int, Any] = {}
-        self.es_workers: dict[int, Any] = {}
+        self.es_evaluators: dict[int, Any] = {}
         self.spaces = None
-        self.noise = None
-        if self.cfg.algo.name == "es":
-            self.noise = noise_table(self.cfg.algo.noise_seed, self.cfg.algo.noise_table_size)
+        self.noise = None if self.noise_spec is None else noise_table(*self.noise_spec)
 
     def teardown(self, worker: Any) -> None:
-        for rw in self.rollout_workers.values():
-            rw.close()
-        self.rollout_workers.clear()
+        for collector in self.collectors.values():
+            collector.close()
+        self.collectors.clear()
         self.learners.clear()
 
-    def rollout_worker(self, slot: int):
+    def collector(self, slot: int):
         """The persistent environments of rollout slot ``slot`` on this worker."""
-        from dask_rl.rollout import RolloutWorker
+        from dask_rl.roles.collector import Collector
 
         with self.lock:
-            rw = self.rollout_workers.get(slot)
-            if rw is None:
+            collector = self.collectors.get(slot)
+            if collector is None:
                 n = self.created.get(slot, 0)
                 self.created[slot] = n + 1
                 # Seeds differ per run seed, slot, worker and re-creation, reproducibly.
                 seed = int(np.random.SeedSequence(
                     [self.cfg.seed, slot, _worker_index(self.worker), n]).generate_state(1)[0])
-                rw = RolloutWorker(self.cfg, seed=seed, actor_id=slot)
-                self.rollout_workers[slot] = rw
-                self.spaces = (rw.env.single_observation_space, rw.env.single_action_space)
-            return rw
+                collector = Collector(self.cfg, seed=seed, slot=slot)
+                self.collectors[slot] = collector
+                self.spaces = (collector.env.single_observation_space,
+                               collector.env.single_action_space)
+            return collector
 
     def _per_thread(self, store: dict, make):
         """The calling thread's object in ``store`` (networks are not shared by threads)."""
@@ -93,7 +97,7 @@ class RunState(WorkerPlugin):
     def learner(self):
         """This thread's learner."""
         from dask_rl.envs import env_spaces
-        from dask_rl.learner import Learner
+        from dask_rl.roles.learner import Learner
 
         def make():
             self.spaces = self.spaces or env_spaces(self.cfg.env)
@@ -101,11 +105,11 @@ class RunState(WorkerPlugin):
 
         return self._per_thread(self.learners, make)
 
-    def es_worker(self):
+    def es_evaluator(self):
         """This thread's evaluator of perturbed policies."""
-        from dask_rl.es_worker import ESWorker
+        from dask_rl.roles.es_evaluator import ESEvaluator
 
-        return self._per_thread(self.es_workers, lambda: ESWorker(self.cfg, self.noise))
+        return self._per_thread(self.es_evaluators, lambda: ESEvaluator(self.cfg, self.noise))
 
 
 _TABLES: dict[tuple[int, int], np.ndarray] = {}

@@ -1,7 +1,7 @@
 """A ``multiprocessing.Pool`` that runs on a Dask cluster (Fiber's one-line move).
 
 Code written against :class:`multiprocessing.pool.Pool` moves to a cluster by changing its
-import: ``from dask_rl.population import Pool``. The methods, their arguments and results are
+import: ``from dask_rl.pool import Pool``. The methods, their arguments and results are
 the same (``map``, ``imap``, ``imap_unordered``, ``starmap``, ``apply``, ``apply_async``,
 ``map_async``, ``close`` / ``join`` / ``terminate``, the context manager). Items are grouped
 into chunks exactly as ``multiprocessing`` groups them, so tasks stay coarse enough that Dask's
@@ -84,7 +84,7 @@ class Pool:
 
     Examples
     --------
-    >>> from dask_rl.population import Pool      # was: from multiprocessing import Pool
+    >>> from dask_rl.pool import Pool      # was: from multiprocessing import Pool
     >>> with Pool(2) as pool:
     ...     pool.map(evaluate, candidates)
     """

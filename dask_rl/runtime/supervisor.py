@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from dask_rl.config import PipelineConfig
+from dask_rl.config.schema import PipelineConfig
 from dask_rl.runtime.cluster import special_workers
 from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.parameter_actor import ParameterActor
@@ -34,20 +34,23 @@ class ActorSupervisor:
     client
         The run's client.
     cfg
-        The pipeline (aggregation strategy, learners, target network, heartbeat settings).
+        The pipeline (aggregation strategy, learners, heartbeat settings).
     name
         Prefix of the actor's task keys.
     params, moments
         The actor's initial parameters and running statistics.
     aggregation, optimizer
         How the actor applies gradients (default: the pipeline's aggregation, plain SGD).
+    target_every
+        Keep a target network refreshed every this many updates (the algorithm's
+        :attr:`~dask_rl.algos.base.Needs.target_network_every`); None keeps none.
     workers
         Where the actor may live (e.g. a parameter worker group); None for anywhere.
     """
 
     def __init__(self, client: Client, cfg: PipelineConfig, name: str, params: np.ndarray, *,
                  moments: dict | None = None, aggregation: Any = None, optimizer: str = "sgd",
-                 workers: list[str] | None = None):
+                 target_every: int | None = None, workers: list[str] | None = None):
         self.client = client
         self.cfg = cfg
         self.name = name
@@ -55,6 +58,7 @@ class ActorSupervisor:
         self.moments = moments
         self.aggregation = aggregation or cfg.aggregation
         self.optimizer = optimizer
+        self.target_every = target_every
         self.workers = workers
         self.generation = itertools.count()
         self.last_beat = time.time()
@@ -73,7 +77,7 @@ class ActorSupervisor:
         future = self.client.submit(
             ParameterActor, self.params, self.aggregation, moments=self.moments,
             keep_versions=keep, learners=cfg.learner.max_learners, optimizer=self.optimizer,
-            target_every=getattr(cfg.algo, "target_update_every", None),
+            target_every=self.target_every,
             actor=True, pure=False, key=f"parameter-actor-{next(self.generation)}-{self.name}",
             **placement)
         handle = ActorHandle(future.result(), timeout=cfg.checkpoint.actor_timeout_s)

@@ -15,58 +15,60 @@ from typing import Any
 
 import numpy as np
 
+from dask_rl.data import (
+    ESStep,
+    Evaluation,
+    LearnerReport,
+    PerturbationResult,
+    PushAck,
+    Trajectory,
+)
 from dask_rl.runtime.plugins import run_state
-from dask_rl.types import Trajectory
 
 
 def rollout_task(run: str, slot: int, actor: Any) -> Trajectory:
     """Collect ``rollout.steps`` steps on slot ``slot``'s environments with the newest policy."""
     state = run_state(run)
-    rw = state.rollout_worker(slot)
+    collector = state.collector(slot)
     # A re-created actor restarts from an older version: a cached version only counts if it
     # came from this very actor.
-    held = rw.version if rw.source == actor.key else -1
+    held = collector.version if collector.source == actor.key else -1
     snapshot = actor.call("pull", newer_than=held)
     if snapshot is not None:
-        rw.load(snapshot, source=actor.key)
-    return rw.collect(state.cfg.rollout.steps)
+        collector.load(snapshot, source=actor.key)
+    return collector.collect(state.cfg.rollout.steps)
 
 
 def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: float,
-                 seed: int, algo_overrides: dict | None = None) -> dict:
-    """Pull the current version, learn from ``traj``, push the gradient; return statistics."""
+                 seed: int, algo_overrides: dict | None = None) -> LearnerReport:
+    """Pull the current version, learn from ``traj``, push the delta; return a report."""
     t0 = time.perf_counter()
     state = run_state(run)
     learner = state.learner()
     snapshot, cross = actor.call("pull_learner", learner_id,
                                  cross=state.cfg.learner.is_truncation)
     t_pulled = time.perf_counter()
-    result = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross,
+    update = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross,
                             algo_overrides=algo_overrides)
     t_learned = time.perf_counter()
-    ack = actor.call("push", result.gradient, result.version, learner_id,
-                     opt_state=result.opt_state, moments=traj.moments,
-                     finite_loss=result.stats["learner/finite"])
+    ack = actor.call("push", update.delta, update.version, learner_id,
+                     opt_state=update.opt_state, moments=traj.moments,
+                     finite_loss=update.finite)
     t_pushed = time.perf_counter()
-    stats = dict(result.stats)
-    stats.update({
-        "status": ack["status"], "staleness": ack.get("staleness", 0),
-        "version_after": ack["version"], "version_pulled": snapshot.version,
-        "policy_lag": snapshot.version - traj.policy_version,
-        "episode_returns": traj.episode_returns.tolist(),
-        "episode_lengths": traj.episode_lengths.tolist(),
-        "trajectory_steps": traj.env_steps, "trajectory_bytes": traj.nbytes,
-        "rollout/collect_s": traj.collect_s,
-        "learner/pull_s": t_pulled - t0, "learner/push_s": t_pushed - t_learned,
-        "learner/task_s": t_pushed - t0, "cross_policies": len(cross or ()),
-        "worker": state.worker.address,
-    })
-    return stats
+    return LearnerReport(
+        ack=ack, version_pulled=snapshot.version,
+        policy_lag=snapshot.version - traj.policy_version,
+        episode_returns=traj.episode_returns.tolist(),
+        episode_lengths=traj.episode_lengths.tolist(),
+        trajectory_steps=traj.env_steps, trajectory_bytes=traj.nbytes,
+        collect_s=traj.collect_s, pull_s=t_pulled - t0, push_s=t_pushed - t_learned,
+        task_s=t_pushed - t0, cross_policies=len(cross or ()), worker=state.worker.address,
+        stats=update.stats)
 
 
-def evaluate_task(run: str, actor: Any, episodes: int, seed: int) -> dict:
+def evaluate_task(run: str, actor: Any, episodes: int, seed: int) -> Evaluation:
     """Greedy evaluation of the current version."""
-    from dask_rl.rollout import evaluate
+    from dask_rl.roles.evaluation import evaluate
 
     state = run_state(run)
     snapshot = actor.call("pull")
@@ -88,9 +90,10 @@ def read_replay_task(url: str, index: int) -> Trajectory:
     return read_trajectory(url, index)
 
 
-def es_evaluate_task(run: str, actor: Any, version: int, indices, seeds) -> dict:
+def es_evaluate_task(run: str, actor: Any, version: int, indices,
+                     seeds) -> PerturbationResult:
     """Evaluate antithetic pairs around the mean parameters of ``version``: scalars back."""
-    w = run_state(run).es_worker()
+    w = run_state(run).es_evaluator()
     if w.source != actor.key or w.version != version:
         snapshot = actor.call("pull")
         if snapshot.version != version:
@@ -100,7 +103,7 @@ def es_evaluate_task(run: str, actor: Any, version: int, indices, seeds) -> dict
     return w.evaluate(indices, seeds)
 
 
-def es_update_task(run: str, actor: Any, version: int, indices, weights, moments) -> dict:
+def es_update_task(run: str, actor: Any, version: int, indices, weights, moments) -> ESStep:
     """The ES update, computed beside the parameters from the local noise table."""
     from dask_rl.algos import es
 
@@ -108,14 +111,13 @@ def es_update_task(run: str, actor: Any, version: int, indices, weights, moments
     snapshot = actor.call("pull")
     g = es.weighted_noise(weights, indices, state.noise, len(snapshot.params))
     direction = es.descent_direction(g, snapshot.params, state.cfg.algo.l2)
-    ack = actor.call("push", direction, version, "es", moments=moments)
-    ack["grad_norm"] = float(np.linalg.norm(g))
-    return ack
+    ack: PushAck = actor.call("push", direction, version, "es", moments=moments)
+    return ESStep(ack=ack, grad_norm=float(np.linalg.norm(g)))
 
 
-def es_noiseless_task(run: str, actor: Any, episodes: int, seed: int) -> dict:
+def es_noiseless_task(run: str, actor: Any, episodes: int, seed: int) -> Evaluation:
     """The ES "greedy" evaluation: the mean parameters without noise."""
-    w = run_state(run).es_worker()
+    w = run_state(run).es_evaluator()
     snapshot = actor.call("pull")
     w.load(snapshot, source=actor.key)
     return w.noiseless(episodes, seed)

@@ -1,101 +1,55 @@
-"""What every trainer shares: run directory, metrics, checkpoints, the parameter actor.
+"""A run with a parameter actor: create it, checkpoint it, restore it, recover it.
 
-:class:`Trainer` is the base of the asynchronous driver (PPO, IMPACT) and of the ES driver. It
-opens the run (``metrics.jsonl``, the checkpoint store, the run's worker plugin, the supervised
-parameter actor), resumes from or recovers to the latest checkpoint, records greedy
-evaluations, and assembles the summary. Subclasses implement the loop.
+:class:`Trainer` is the base of the asynchronous learners' driver and of the ES driver. On top
+of :class:`~dask_rl.runtime.run.Run` it registers the run's worker plugin, creates the
+supervised parameter actor, resumes from or recovers to the latest checkpoint, watches the
+actor's heartbeat, and assembles the part of the summary every trainer shares.
 
 Notes
 -----
-Subclasses override hooks that do nothing by default: :meth:`initial_params`,
-:meth:`driver_state` / :meth:`load_driver_state` (their counters in checkpoints),
-:meth:`write_extra` / :meth:`restore_extra` (bulk state written by workers) and
-:meth:`summary_extra`.
+Subclasses implement :meth:`initial_params` and :meth:`Run.run`, and may override hooks that do
+nothing by default: :meth:`actor_options` and :meth:`plugin_options`, :meth:`driver_state` /
+:meth:`load_driver_state` (their counters in checkpoints), :meth:`write_extra` /
+:meth:`restore_extra` (bulk state written by workers) and :meth:`on_actor_lost` (drop work in
+flight before the actor is replaced).
 """
 
 from __future__ import annotations
 
 import abc
-import collections
 import logging
-import os
 import time
-import uuid
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-from distributed import Client
 
-from dask_rl.checkpoint import CheckpointStore, Pending
-from dask_rl.config import PipelineConfig, to_dict
-from dask_rl.envs import reward_threshold
-from dask_rl.metrics import MetricsLog
+from dask_rl.checkpoint import Pending
+from dask_rl.config import to_dict
+from dask_rl.data import Evaluation
 from dask_rl.runtime.cluster import rl_page
 from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.housekeeping import Housekeeper
-from dask_rl.runtime.plugins import RunState, register_torch_sizeof
+from dask_rl.runtime.plugins import RunState
+from dask_rl.runtime.run import Run
 from dask_rl.runtime.supervisor import ActorSupervisor
 
 logger = logging.getLogger(__name__)
 
-RECENT_EPISODES = 20
 
-
-class Trainer(abc.ABC):
-    """Base of the drivers; :meth:`run` returns the summary.
-
-    Parameters
-    ----------
-    client
-        A connected ``distributed.Client``.
-    cfg
-        The validated pipeline.
-    run_dir
-        Where ``summary.json``, ``metrics.jsonl`` and ``checkpoints/`` go.
-    progress
-        Called with a small dict as training advances (the CLI's progress bar).
-    resume
-        Continue from the latest checkpoint in the run directory.
-    """
-
-    def __init__(self, client: Client, cfg: PipelineConfig, run_dir: str | os.PathLike, *,
-                 progress: Callable[[dict], None] | None = None, resume: bool = False,
-                 name: str | None = None):
-        self.client = client
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.progress = progress
-        self.resume = resume
-        self.run_name = name or f"dask-rl-{uuid.uuid4().hex[:8]}"
-        self.target = (cfg.stop.target_return if cfg.stop.target_return is not None
-                       else reward_threshold(cfg.env.id))
-        # counters, checkpointed
-        self.env_steps = 0
-        self.updates = 0
-        self.evals = 0
-        self.wall_offset = 0.0
-        self.best_return: float | None = None
-        self.recoveries = 0
-        self.episodes = 0
-        self.returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
-        # live state
-        self.last_eval: dict | None = None
-        self.stop_reason: str | None = None
-        self.last_checkpoint = 0.0
-        self.t0 = time.time()
+class Trainer(Run):
+    """A run whose parameters live in one supervised parameter actor (see the module doc)."""
 
     # ---- hooks ---------------------------------------------------------------------------------
     @abc.abstractmethod
     def initial_params(self) -> tuple[np.ndarray, dict | None]:
         """The actor's initial flat parameters and running statistics."""
 
-    @abc.abstractmethod
-    def run(self) -> dict:
-        """Train until a stop condition holds; the summary."""
-
     def actor_options(self) -> dict[str, Any]:
-        """How the actor applies gradients (``optimizer``, ``aggregation``)."""
+        """How the actor applies updates: ``optimizer``, ``aggregation``, ``target_every``."""
+        return {}
+
+    def plugin_options(self) -> dict[str, Any]:
+        """What the run's worker plugin needs beyond the pipeline (ES: ``noise``)."""
         return {}
 
     def driver_state(self) -> dict[str, Any]:
@@ -111,22 +65,19 @@ class Trainer(abc.ABC):
     def restore_extra(self, name: str, meta: dict[str, Any]) -> None:
         pass
 
-    def summary_extra(self, actor_metrics: dict[str, Any]) -> dict[str, Any]:
-        return {}
+    def on_actor_lost(self, reason: str) -> None:
+        """Recover from a lost actor; drivers with work in flight drop it first."""
+        self.replace_actor(reason)
 
     # ---- opening -------------------------------------------------------------------------------
     def open(self) -> None:
         cfg = self.cfg
-        self.t0 = time.time()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        register_torch_sizeof()
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", client=self.client,
-                                  run=self.run_name)
-        self.store = CheckpointStore(cfg.checkpoint.path or self.run_dir / "checkpoints",
-                                     keep=cfg.checkpoint.keep)
+        self.open_run(cfg.checkpoint.path)
+        self.last_checkpoint = time.time()
         params, moments = self.initial_params()
         self.num_params = len(params)
-        self.client.register_plugin(RunState(self.run_name, cfg), name=self.run_name)
+        self.client.register_plugin(RunState(self.run_name, cfg, **self.plugin_options()),
+                                    name=self.run_name)
         self.dashboard = rl_page(self.client)
         self.housekeeper = Housekeeper(self.client)
         if self.dashboard:
@@ -142,12 +93,6 @@ class Trainer(abc.ABC):
     @property
     def actor(self) -> ActorHandle:
         return self.supervisor.handle
-
-    def elapsed(self) -> float:
-        return time.time() - self.t0 + self.wall_offset
-
-    def recent_return(self) -> float | None:
-        return float(np.mean(self.returns)) if self.returns else None
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def maybe_checkpoint(self) -> None:
@@ -202,6 +147,7 @@ class Trainer(abc.ABC):
         self.metrics.write("resume", {"checkpoint": name, "env_steps": self.env_steps,
                                       "updates": self.updates})
 
+    # ---- the actor -----------------------------------------------------------------------------
     def actor_call(self, method: str, *args, **kwargs):
         """Call the parameter actor from the driver; a lost actor is re-created first."""
         try:
@@ -212,9 +158,10 @@ class Trainer(abc.ABC):
             self.on_actor_lost(f"the parameter actor is gone ({e!r})")
             return self.actor.call(method, *args, **kwargs)
 
-    def on_actor_lost(self, reason: str) -> None:
-        """Recover from a lost actor; drivers with work in flight also drop that work."""
-        self.replace_actor(reason)
+    def check_heartbeat(self) -> None:
+        """Every ``checkpoint.heartbeat_s``: recover an actor that does not answer."""
+        if self.supervisor.heartbeat_due() and not self.supervisor.alive():
+            self.on_actor_lost("the parameter actor missed its heartbeat")
 
     def replace_actor(self, reason: str) -> str:
         """Re-create a lost or hung parameter actor from the latest checkpoint."""
@@ -230,54 +177,32 @@ class Trainer(abc.ABC):
                                         "actor_worker": self.supervisor.address})
         return name
 
-    # ---- stopping, evaluating, summarising -----------------------------------------------------
-    def budget_reason(self) -> str | None:
-        """``env_steps`` or ``wall_s`` once that budget is spent."""
-        stop = self.cfg.stop
-        if self.env_steps >= stop.env_steps:
-            return "env_steps"
-        if stop.wall_s is not None and self.elapsed() >= stop.wall_s:
-            return "wall_s"
-        return None
-
-    def record_eval(self, result: dict) -> None:
-        """A greedy evaluation came back: log it; stop if it reached the target."""
-        self.last_eval = result
-        ret = result["mean_return"]
-        self.best_return = ret if self.best_return is None else max(self.best_return, ret)
-        self.metrics.write("eval", {"env_steps": self.env_steps, "updates": self.updates,
-                                    "wall_s": self.elapsed(), **result})
-        logger.info("greedy evaluation at %d steps (version %d): %.1f", self.env_steps,
-                    result["version"], ret)
-        if (self.cfg.stop.solve_on_target and self.target is not None and ret >= self.target
-                and self.stop_reason is None):
-            self.stop_reason = "solved"
-
-    def summary(self, final: dict) -> dict:
+    # ---- the end -------------------------------------------------------------------------------
+    def trainer_summary(self, final: Evaluation) -> dict[str, Any]:
+        """The fields of :class:`~dask_rl.data.summary.TrainerSummary`, after a last
+        checkpoint."""
         actor_metrics = self.actor_call("metrics")
         self.checkpoint()
         wall = self.elapsed()
-        summary = {
+        return {
             "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
             "env_steps": self.env_steps, "updates": actor_metrics["version"], "wall_s": wall,
-            "steps_per_s": self.env_steps / max(wall - self.wall_offset, 1e-9),
-            "final_return": final["mean_return"], "final_return_std": final["std_return"],
-            "best_return": self.best_return, "target_return": self.target,
-            "solved": self.target is not None and final["mean_return"] >= self.target,
+            "final_return": final.mean_return, "best_return": self.best_return,
+            "target_return": self.target,
+            "solved": self.target is not None and final.mean_return >= self.target,
             "stop_reason": self.stop_reason,
             "staleness_mean": actor_metrics["staleness/mean"],
             "staleness_max": actor_metrics["staleness/max"],
+            "recoveries": self.recoveries, "run": self.run_name,
+            "steps_per_s": self.steps_per_s(), "final_return_std": final.std_return,
             "staleness_histogram": actor_metrics["staleness/histogram"],
             "gradients_applied": actor_metrics["gradients/applied"],
             "gradients_dropped": actor_metrics["gradients/dropped"],
             "gradients_rejected": actor_metrics["gradients/rejected"],
-            "recoveries": self.recoveries, "episodes": self.episodes,
+            "episodes": self.episodes,
             "actor_apply_share": actor_metrics["actor/apply_s"] / max(wall, 1e-9),
-            "worker_threads": sum(self.client.nthreads().values()), "run": self.run_name,
-            **self.summary_extra(actor_metrics),
+            "worker_threads": sum(self.client.nthreads().values()),
         }
-        self.metrics.write("run", {"event": "end", **summary})
-        return summary
 
     def close(self, inflight: list | None = None) -> None:
         try:
@@ -286,5 +211,4 @@ class Trainer(abc.ABC):
             self.client.unregister_worker_plugin(self.run_name)
         except Exception:
             logger.debug("closing the run", exc_info=True)
-        if hasattr(self, "metrics"):
-            self.metrics.close()
+        super().close()

@@ -1,6 +1,7 @@
 """Gradient aggregation strategies (sans-IO): sync, async, SSP, n-softsync, Stellaris.
 
-``make_strategy(cfg)`` builds the strategy named by ``cfg.strategy``; all share the
+``aggregation.strategy`` in a pipeline selects one of :data:`STRATEGIES` (or one added with
+:func:`register`); :func:`make_strategy` builds it from its validated config. All share the
 :class:`~dask_rl.staleness.base.Strategy` interface.
 """
 
@@ -8,17 +9,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from dask_rl.staleness.asynchronous import Async
+from dask_rl.staleness.asynchronous import Async, AsyncConfig
 from dask_rl.staleness.base import WAIT, Arrival, Decision, Strategy
-from dask_rl.staleness.softsync import Softsync
-from dask_rl.staleness.ssp import SSP
-from dask_rl.staleness.stellaris import Stellaris
-from dask_rl.staleness.sync import Sync
+from dask_rl.staleness.softsync import Softsync, SoftsyncConfig
+from dask_rl.staleness.ssp import SSP, SSPConfig
+from dask_rl.staleness.stellaris import Stellaris, StellarisConfig
+from dask_rl.staleness.sync import Sync, SyncConfig
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Sync, Async, SSP, Softsync,
                                                              Stellaris)}
 
-__all__ = ["STRATEGIES", "Arrival", "Decision", "Strategy", "WAIT", "make_strategy"]
+__all__ = ["STRATEGIES", "Arrival", "AsyncConfig", "Decision", "SSPConfig", "SoftsyncConfig",
+           "StellarisConfig", "Strategy", "SyncConfig", "WAIT", "config_class", "make_strategy",
+           "names", "register"]
+
+
+def register(strategy: type[Strategy]) -> type[Strategy]:
+    """Make ``strategy`` available as ``aggregation.strategy: <strategy.name>``."""
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def names() -> list[str]:
+    return list(STRATEGIES)
+
+
+def config_class(name: str) -> type:
+    return STRATEGIES[name].config_class
 
 
 def make_strategy(cfg: Any, *, learners: int = 1) -> Strategy:
@@ -31,6 +48,4 @@ def make_strategy(cfg: Any, *, learners: int = 1) -> Strategy:
         cls = STRATEGIES[cfg.strategy]
     except KeyError:
         raise ValueError(f"unknown aggregation strategy {cfg.strategy!r}") from None
-    if cls in (Softsync, Stellaris):
-        return cls(cfg, learners=learners)
-    return cls(cfg)
+    return cls(cfg, learners=learners)

@@ -6,10 +6,20 @@ staleness correction, weight 1.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from dask_rl.config.schema import AggregationConfig, option
 from dask_rl.staleness.base import Decision, Strategy
 
 
+@dataclass(frozen=True, kw_only=True)
+class AsyncConfig(AggregationConfig):
+    strategy: Literal["async"] = option("async", "apply every gradient on arrival")
+
+
 class Async(Strategy):
+    config_class = AsyncConfig
     name = "async"
 
     def decide(self) -> Decision:

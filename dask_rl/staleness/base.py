@@ -11,12 +11,15 @@ gradient is the version when it is used minus the version its learner pulled.
 
 Notes
 -----
-Subclass :class:`Strategy` and implement :meth:`Strategy.decide`, which looks at the buffer and
-returns one :class:`Decision` (or an empty one to wait); after every event it is called again
-until it waits, so a strategy that releases one gradient per update (SSP) needs no loop of its
-own. Call :meth:`Strategy._aggregate` to emit an update (it bumps the version and records
-metrics) and :meth:`Strategy._drop` to discard gradients. Override ``on_*`` hooks to track
-more state, calling ``super()``. ``synchronous = True`` tells the driver to gate
+Subclass :class:`Strategy`, name its config class (an
+:class:`~dask_rl.config.schema.AggregationConfig` whose ``strategy`` field is a ``Literal``) in
+``config_class``, register it in :data:`dask_rl.staleness.STRATEGIES` (or with
+:func:`dask_rl.staleness.register`), and implement :meth:`Strategy.decide`, which looks at the
+buffer and returns one :class:`Decision` (or an empty one to wait); after every event it is
+called again until it waits, so a strategy that releases one gradient per update (SSP) needs
+no loop of its own. Call :meth:`Strategy._aggregate` to emit an update (it bumps the version
+and records metrics) and :meth:`Strategy._drop` to discard gradients. Override ``on_*`` hooks
+to track more state, calling ``super()``. ``synchronous = True`` tells the driver to gate
 rollouts on updates (a synchronous baseline); every other strategy lets rollouts run freely.
 """
 
@@ -94,10 +97,12 @@ class Strategy(abc.ABC):
     """
 
     name: ClassVar[str] = "base"
+    config_class: ClassVar[type]
     synchronous: ClassVar[bool] = False
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, *, learners: int = 1):
         self.cfg = cfg
+        self.learners = max(1, learners)  # learners allowed at once
         self.version = 0
         self.round = 0
         self.active: dict[str, int] = {}      # learner id -> version it pulled
@@ -150,7 +155,7 @@ class Strategy(abc.ABC):
         """One step of the rule: an update, a drop, or an empty Decision to wait."""
 
     def _drain(self) -> list[Decision]:
-        out = []
+        out: list[Decision] = []
         while True:
             d = self.decide()
             if d.wait and not d.drop:

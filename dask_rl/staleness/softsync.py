@@ -10,16 +10,24 @@ fresher than one version (tau = 0) count as tau = 1, so the step never exceeds a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
+from dask_rl.config.schema import AggregationConfig, option
 from dask_rl.staleness.base import Decision, Strategy
 
 
-class Softsync(Strategy):
-    name = "softsync"
+@dataclass(frozen=True, kw_only=True)
+class SoftsyncConfig(AggregationConfig):
+    strategy: Literal["softsync"] = option("softsync", "n-softsync: update every "
+                                                       "floor(learners / n) gradients, step "
+                                                       "alpha0 / mean staleness")
+    n: int = option(2, "the n of n-softsync", ge=1)
 
-    def __init__(self, cfg, *, learners: int = 1):
-        super().__init__(cfg)
-        self.learners = max(1, learners)
+
+class Softsync(Strategy):
+    config_class = SoftsyncConfig
+    name = "softsync"
 
     @property
     def group(self) -> int:

@@ -13,10 +13,23 @@ same (possible only after a recovery restored an older version) is dropped and c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from dask_rl.config.schema import AggregationConfig, option
 from dask_rl.staleness.base import WAIT, Decision, Strategy
 
 
+@dataclass(frozen=True, kw_only=True)
+class SSPConfig(AggregationConfig):
+    strategy: Literal["ssp"] = option("ssp", "stale-synchronous parallel: updates wait so that "
+                                             "no learner falls more than `bound` versions "
+                                             "behind")
+    bound: int = option(3, "staleness bound s", ge=0)
+
+
 class SSP(Strategy):
+    config_class = SSPConfig
     name = "ssp"
 
     @property

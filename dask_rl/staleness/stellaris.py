@@ -28,8 +28,21 @@ Global importance-sampling truncation, the third part of the method, acts in the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
+from dask_rl.config.schema import AggregationConfig, option
 from dask_rl.staleness.base import WAIT, Arrival, Decision, Strategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class StellarisConfig(AggregationConfig):
+    strategy: Literal["stellaris"] = option("stellaris", "Stellaris: dynamic staleness "
+                                                         "threshold, staleness-scaled steps")
+    decay: float | Literal["auto"] = option(0.96, "threshold decay d per round "
+                                                  "(beta_k = delta_max d^k), or auto",
+                                            gt=0, le=1)
+    smoothness: float = option(3.0, "v in the step alpha0 / delta^(1/v)", gt=0)
 
 AUTO_START, AUTO_MIN, AUTO_MAX, AUTO_RATE, REWARD_EMA = 0.96, 0.90, 0.999, 0.25, 0.3
 
@@ -40,11 +53,11 @@ def step_scale(staleness: int, smoothness: float) -> float:
 
 
 class Stellaris(Strategy):
+    config_class = StellarisConfig
     name = "stellaris"
 
     def __init__(self, cfg, *, learners: int = 1):
-        super().__init__(cfg)
-        self.learners = max(1, learners)
+        super().__init__(cfg, learners=learners)
         self.auto = cfg.decay == "auto"
         self.decay = AUTO_START if self.auto else float(cfg.decay)
         self.delta_max: float | None = None

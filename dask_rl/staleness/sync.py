@@ -8,10 +8,21 @@ all learners of a round pulled the same version, so staleness is always 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from dask_rl.config.schema import AggregationConfig, option
 from dask_rl.staleness.base import WAIT, Decision, Strategy
 
 
+@dataclass(frozen=True, kw_only=True)
+class SyncConfig(AggregationConfig):
+    strategy: Literal["sync"] = option("sync", "barrier over the active learners, average, "
+                                               "one step")
+
+
 class Sync(Strategy):
+    config_class = SyncConfig
     name = "sync"
     synchronous = True
 

@@ -47,6 +47,7 @@ def test_scheduler_policy_answers_the_adaptive_target_rpc():
             assert holder not in closable
 
 
+@pytest.mark.slow
 def test_adaptive_local_cluster_grows_under_load_and_spares_the_actor(tmp_path):
     from distributed import Client, LocalCluster
 
@@ -67,7 +68,7 @@ def test_adaptive_local_cluster_grows_under_load_and_spares_the_actor(tmp_path):
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        result = dask_rl.train({"rollout": {"num_actors": 6}, "learner": {"max_learners": 2},
+        result = dask_rl.train({"rollout": {"slots": 6}, "learner": {"max_learners": 2},
                                 "stop": {"env_steps": 150_000, "solve_on_target": False},
                                 "checkpoint": {"every_s": 5}},
                                client=client, run_dir=tmp_path / "adaptive")
@@ -125,6 +126,7 @@ def _stop(procs):
             p.kill()
 
 
+@pytest.mark.slow
 def test_the_pipeline_runs_against_a_separate_scheduler(tmp_path):
     address, procs = _start_cluster(tmp_path)
     try:
@@ -182,6 +184,7 @@ def _certificates(tmp_path) -> dict:
     return {k: str(v) for k, v in paths.items()}
 
 
+@pytest.mark.slow
 def test_the_pipeline_runs_over_tls(tmp_path):
     tls = _certificates(tmp_path)
     address, procs = _start_cluster(tmp_path, tls=tls)

@@ -14,7 +14,7 @@ import pytest
 
 import dask_rl
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 

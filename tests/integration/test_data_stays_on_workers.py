@@ -6,7 +6,7 @@ import pytest
 
 import dask_rl
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def test_client_receives_far_fewer_bytes_than_trajectories(monkeypatch, tmp_path):

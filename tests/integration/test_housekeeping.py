@@ -6,7 +6,7 @@ import pytest
 
 from dask_rl.runtime.housekeeping import tidy_scheduler
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 def _square(x):

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = sorted((ROOT / "pipelines").glob("*.yaml"))
 STEPS = 2048  # env steps per run (per member for population-based training)
 
-pytestmark = [pytest.mark.slow, pytest.mark.smoke]
+pytestmark = pytest.mark.smoke
 
 
 def budget(path: Path) -> list[str]:
@@ -37,6 +37,7 @@ def test_every_pipeline_is_smoke_tested():
     assert len(PIPELINES) >= 13
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.stem)
 def test_pipeline_trains_from_the_cli(tmp_path, path):
     run_dir = tmp_path / "run"

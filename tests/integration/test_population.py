@@ -7,12 +7,13 @@ import time
 import pytest
 
 import dask_rl
-from dask_rl.metrics import read_metrics
-from dask_rl.population import Pool
+from dask_rl.data.metrics import read_metrics
+from dask_rl.pool import Pool
 
 pytestmark = pytest.mark.timeout(900)
 
 
+@pytest.mark.slow
 def test_es_solves_cartpole(local_client, pipelines, tmp_path):
     result = dask_rl.train(pipelines / "es_cartpole.yaml", client=local_client,
                            run_dir=tmp_path / "es")
@@ -24,6 +25,7 @@ def test_es_solves_cartpole(local_client, pipelines, tmp_path):
     assert all(r["es/tasks"] == 6 for r in gens)  # 24 pairs / 4 per task
 
 
+@pytest.mark.slow
 def test_es_resumes_where_it_stopped(local_client, pipelines, tmp_path):
     run_dir = tmp_path / "es"
     first = dask_rl.train(pipelines / "es_cartpole.yaml", client=local_client, run_dir=run_dir,
@@ -37,6 +39,7 @@ def test_es_resumes_where_it_stopped(local_client, pipelines, tmp_path):
     assert resume[-1]["env_steps"] >= first.summary["env_steps"] > 0
 
 
+@pytest.mark.slow
 def test_pbt_changes_hyperparameters_and_beats_the_initial_worst(local_client, pipelines,
                                                                  tmp_path):
     result = dask_rl.train(pipelines / "pbt_cartpole.yaml", client=local_client,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import dask_rl
-from dask_rl.metrics import read_metrics
+from dask_rl.data.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -76,6 +76,7 @@ def _run_with_killer(tmp_path, kill, *, workers=3):
     return result.summary, read_metrics(run_dir / "metrics.jsonl")
 
 
+@pytest.mark.slow
 def test_losing_a_rollout_worker(tmp_path):
     summary, _ = _run_with_killer(
         tmp_path, lambda c: _kill_worker_running(c, "rollout", avoid=_actor_address(c)))
@@ -83,6 +84,7 @@ def test_losing_a_rollout_worker(tmp_path):
     assert summary["recoveries"] == 0  # Dask re-ran the tasks; the actor was untouched
 
 
+@pytest.mark.slow
 def test_losing_a_learner_worker(tmp_path):
     summary, _ = _run_with_killer(
         tmp_path, lambda c: _kill_worker_running(c, "learner", avoid=_actor_address(c)))
@@ -90,6 +92,7 @@ def test_losing_a_learner_worker(tmp_path):
     assert summary["recoveries"] == 0
 
 
+@pytest.mark.slow
 def test_losing_the_parameter_actors_worker(tmp_path):
     def kill_actor(client):
         addr = _actor_address(client)
@@ -107,6 +110,7 @@ def test_losing_the_parameter_actors_worker(tmp_path):
     assert all(r["version_pulled"] <= r["version_after"] for r in learners_after)
 
 
+@pytest.mark.slow
 def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path):
     def hang_actor(client):
         addr = _actor_address(client)
@@ -127,6 +131,7 @@ def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path):
     assert rec["time"] - before < 20, rec["time"] - before
 
 
+@pytest.mark.slow
 def test_killing_the_driver_then_resuming(pipelines, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "dask_rl.cli", "train", str(pipelines / "ppo_cartpole.yaml"),

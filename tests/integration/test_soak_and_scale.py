@@ -7,7 +7,7 @@ import pytest
 
 import dask_rl
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
@@ -36,7 +36,7 @@ def test_many_workers(workers, processes, tmp_path):
                       dashboard_address=None, silence_logs=50) as cluster, \
             Client(cluster) as client:
         s = dask_rl.train(_tiny(), client=client, run_dir=tmp_path / "many").summary
-    assert s["worker_threads"] == workers and s["num_actors"] == workers
+    assert s["worker_threads"] == workers and s["rollout_slots"] == workers
     assert s["env_steps"] >= 20_000 and s["updates"] > 0
     assert s["trajectories_produced"] == s["trajectories_consumed"] + s["dropped_trajectories"]
     assert s["gradients_rejected"] == 0 and s["recoveries"] == 0

@@ -6,9 +6,9 @@ import time
 import pytest
 
 import dask_rl
-from dask_rl.metrics import read_metrics
+from dask_rl.data.metrics import read_metrics
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def test_stellaris_solves_cartpole(local_client, pipelines, tmp_path):
@@ -57,15 +57,16 @@ def test_rollout_slots_and_learners_follow_the_cluster(tmp_path):
                                client=client, run_dir=tmp_path / "grow")
     records = read_metrics(tmp_path / "grow" / "metrics.jsonl")
     start = next(r for r in records if r["kind"] == "run" and r["event"] == "start")
-    assert start["num_actors"] == 1
+    assert start["rollout_slots"] == 1
     rescales = [r for r in records if r["kind"] == "rescale"]
     assert rescales and rescales[-1]["slots"] == 2
-    assert result.summary["num_actors"] == 2
-    # learners follow the rollout slots: more slots, more batches, more learners per second
+    assert result.summary["rollout_slots"] == 2
+    # learners follow the rollout slots: with two slots, two trajectories are ready at a time,
+    # so two learners run at once, on both workers (a mechanism, not a timing: rates move with
+    # the machine's load)
     grew = rescales[0]["time"]
-    before = [r["time"] for r in records if r["kind"] == "learner" and r["time"] < grew]
-    after = [r["time"] for r in records if r["kind"] == "learner" and r["time"] > grew]
+    before = [r for r in records if r["kind"] == "learner" and r["time"] < grew]
+    after = [r for r in records if r["kind"] == "learner" and r["time"] > grew]
     assert len(before) >= 5 and len(after) >= 5
-    rate_before = len(before) / (grew - before[0])
-    rate_after = len(after) / (after[-1] - grew)
-    assert rate_after > 1.3 * rate_before, (rate_before, rate_after)
+    assert max(r["learners/in_flight"] for r in after) >= 2
+    assert len({r["worker"] for r in after}) == 2

@@ -21,6 +21,7 @@ def _check_solved(summary):
         assert key in summary
 
 
+@pytest.mark.slow
 def test_cli_main_job_solves_cartpole(pipelines, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
@@ -42,6 +43,7 @@ def test_cli_main_job_solves_cartpole(pipelines, tmp_path):
     assert json.loads(ev.stdout)["mean_return"] >= 400
 
 
+@pytest.mark.slow
 def test_python_api_on_a_users_cluster(local_client, pipelines, tmp_path):
     result = dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client,
                            run_dir=tmp_path / "api")

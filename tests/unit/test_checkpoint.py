@@ -63,7 +63,7 @@ def test_nothing_to_resume(tmp_path):
 
 
 def _trajectory():
-    from dask_rl.types import Trajectory
+    from dask_rl.data import Trajectory
 
     rng = np.random.default_rng(0)
     return Trajectory(obs=rng.normal(size=(5, 2, 3)).astype(np.float32),
@@ -127,3 +127,21 @@ def test_future_format_and_garbage_are_refused(tmp_path):
     (tmp_path / "ck" / "latest").write_text("../../etc/passwd\n")
     with pytest.raises(CheckpointError, match="not a checkpoint pointer"):
         store.latest()
+
+
+def test_replay_written_before_the_slot_was_named_still_reads(tmp_path):
+    import dataclasses
+
+    import zarr
+
+    from dask_rl.checkpoint import read_trajectory, write_trajectory
+
+    store = CheckpointStore(tmp_path / "ck")
+    pending = store.begin()
+    write_trajectory(pending.url, 0, dataclasses.replace(_trajectory(), slot=3))
+    group = zarr.open_group(pending.url, mode="a")["replay/0"]
+    scalars = dict(group.attrs["trajectory"])
+    scalars["actor_id"] = scalars.pop("slot")  # the field's name until the layout change
+    group.attrs["trajectory"] = scalars
+    name = store.commit(pending, _state(1), meta={"algorithm": "impact"}, replay=1)
+    assert read_trajectory(store.url(name), 0).slot == 3

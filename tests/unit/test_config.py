@@ -4,8 +4,16 @@ import dataclasses
 
 import pytest
 
-from dask_rl.config import (ConfigError, PipelineConfig, PPOConfig, SyncConfig, apply_overrides,
-                            describe, from_dict, load_pipeline)
+from dask_rl.algos.ppo import PPOConfig
+from dask_rl.config import (
+    ConfigError,
+    PipelineConfig,
+    apply_overrides,
+    from_dict,
+    load_pipeline,
+)
+from dask_rl.config.reference import describe, reference_markdown
+from dask_rl.staleness import SyncConfig
 
 
 def test_every_shipped_pipeline_validates(pipelines):
@@ -114,11 +122,9 @@ def test_describe_documents_every_field():
 def test_docs_config_reference_is_current():
     from pathlib import Path
 
-    from dask_rl.config import reference_markdown
-
     doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
     assert doc.read_text() == reference_markdown(), \
-        "docs/config.md is stale: run python -m dask_rl.config > docs/config.md"
+        "docs/config.md is stale: run python -m dask_rl.config.reference > docs/config.md"
 
 
 def test_switching_a_variant_from_the_command_line_drops_the_old_variants_keys(pipelines):
@@ -127,3 +133,31 @@ def test_switching_a_variant_from_the_command_line_drops_the_old_variants_keys(p
     assert cfg.aggregation.strategy == "ssp" and cfg.aggregation.bound == 2
     with pytest.raises(ConfigError, match="aggregation.bound: unknown key"):
         from_dict({"aggregation": {"strategy": "stellaris", "bound": 2}})
+
+
+@pytest.mark.parametrize("section, old, new, value, read", [
+    ("aggregation", "lr", "alpha0", 2.0, lambda c: c.aggregation.alpha0),
+    ("rollout", "num_actors", "slots", 3, lambda c: c.rollout.slots),
+])
+def test_renamed_keys_are_still_read_under_their_new_names(section, old, new, value, read,
+                                                           caplog):
+    cfg = from_dict({section: {old: value}})
+    assert read(cfg) == value
+    assert f"{section}.{old} is now called {section}.{new}" in caplog.text
+    with pytest.raises(ConfigError, match=f"{section}.{old}: renamed to {section}.{new}"):
+        from_dict({section: {old: value, new: value}})
+
+
+def test_es_step_size_was_called_lr():
+    assert from_dict({"algo": {"name": "es", "lr": 0.05}}).algo.step_size == 0.05
+
+
+def test_population_based_training_needs_gradient_learners():
+    with pytest.raises(ConfigError, match="population: population-based training trains "
+                                          "gradient learners"):
+        from_dict({"algo": {"name": "es"}, "population": {}})
+
+
+def test_a_pipeline_that_is_not_a_mapping():
+    with pytest.raises(ConfigError, match="pipeline: expected a mapping, got \\[1\\]"):
+        from_dict([1])

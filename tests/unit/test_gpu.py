@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from dask_rl.config import from_dict
+from dask_rl.data import PolicySnapshot
 from dask_rl.envs import env_spaces
-from dask_rl.learner import Learner
 from dask_rl.models import get_flat, make_model, resolve_device
-from dask_rl.rollout import RolloutWorker
-from dask_rl.types import PolicySnapshot
+from dask_rl.roles.collector import Collector
+from dask_rl.roles.learner import Learner
 
 
 def test_device_resolution():
@@ -25,12 +25,12 @@ def test_learner_update_runs_on_cuda():
     cfg = from_dict({"learner": {"device": "cuda"}})
     spaces = env_spaces(cfg.env)
     snap = PolicySnapshot(0, get_flat(make_model(*spaces, cfg.model, seed=0)))
-    rw = RolloutWorker(cfg, seed=0)
+    rw = Collector(cfg, seed=0)
     rw.load(snap)
     traj = rw.collect(64)
     learner = Learner(cfg, *spaces)
     assert learner.flat.is_cuda and next(learner.model.parameters()).is_cuda
     res = learner.update(snap, traj, lr=3e-4, seed=0)
     cpu = Learner(cfg, *spaces, device="cpu").update(snap, traj, lr=3e-4, seed=0)
-    assert np.isfinite(res.gradient).all()
-    np.testing.assert_allclose(res.gradient, cpu.gradient, rtol=1e-3, atol=1e-5)
+    assert np.isfinite(res.delta).all()
+    np.testing.assert_allclose(res.delta, cpu.delta, rtol=1e-3, atol=1e-5)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from dask_rl.algos import impact
+from dask_rl.algos.base import Batch
+from dask_rl.algos.impact import IMPACT, IMPACTConfig
 from dask_rl.algos.ppo import next_values
 from dask_rl.algos.vtrace import vtrace
-from dask_rl.config import IMPACTConfig
 
 
 def naive_vtrace_one_env(log_rhos, rewards, values, bootstrap, gamma, rho_bar, c_bar):
@@ -85,7 +85,7 @@ def test_impact_loss_matches_a_naive_per_sample_computation():
     torch.manual_seed(0)
     from gymnasium import spaces
 
-    from dask_rl.config import ModelConfig
+    from dask_rl.config.schema import ModelConfig
     from dask_rl.models import make_model
 
     model = make_model(spaces.Box(-1, 1, (3,)), spaces.Discrete(3), ModelConfig(), seed=0)
@@ -98,7 +98,7 @@ def test_impact_loss_matches_a_naive_per_sample_computation():
           "advantages": torch.randn(B), "returns": torch.randn(B), "values": torch.randn(B)}
     cfg = IMPACTConfig(norm_adv=False, ent_coef=0.0, vf_coef=0.0, clip_coef=0.3,
                        target_is_clip=2.0)
-    total, stats = impact.loss(model, mb, cfg)
+    total, stats = IMPACT(cfg).loss(model, Batch(**mb))
     with torch.no_grad():
         dist = model.policy(obs)
         new = dist.log_prob(actions)

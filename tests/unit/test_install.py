@@ -9,10 +9,10 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from dask_rl.config import load_pipeline
 from dask_rl.envs import env_family

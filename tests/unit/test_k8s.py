@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dask_rl import k8s
 from dask_rl.config import load_pipeline
+from dask_rl.deploy import k8s
 
 jsonschema = pytest.importorskip("jsonschema")
 dask_kubernetes = pytest.importorskip("dask_kubernetes")

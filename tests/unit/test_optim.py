@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dask_rl.algos.optim import SGD, Adam, make_optimizer
-from dask_rl.learner import clip_grad_norm
+from dask_rl.roles.learner import clip_grad_norm
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])

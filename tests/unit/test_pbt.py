@@ -43,5 +43,5 @@ def test_population_config_is_checked():
         from_dict({"population": {"hyperparameters": {"learner.epochs": [1, 2]}}})
     with pytest.raises(ConfigError, match="expected \\[low, high\\]"):
         from_dict({"population": {"hyperparameters": {"learner.lr": [1e-3, 1e-4]}}})
-    with pytest.raises(ConfigError, match="trains ppo or impact members"):
+    with pytest.raises(ConfigError, match="trains gradient learners"):
         from_dict({"algo": {"name": "es"}, "population": {}})

@@ -114,11 +114,12 @@ def test_is_truncation_against_a_naive_per_sample_reference():
     """The learner's cross-learner minimum ratio and the truncated ratio, sample by sample."""
     from torch.distributions import Categorical
 
+    from dask_rl.algos.base import Batch
     from dask_rl.config import from_dict
+    from dask_rl.data import PolicySnapshot
     from dask_rl.envs import env_spaces
-    from dask_rl.learner import Learner
     from dask_rl.models import get_flat, make_model
-    from dask_rl.types import PolicySnapshot
+    from dask_rl.roles.learner import Learner
 
     cfg = from_dict({})
     spaces = env_spaces(cfg.env)
@@ -129,7 +130,10 @@ def test_is_truncation_against_a_naive_per_sample_reference():
     obs = torch.tensor(rng.normal(size=(40, 4)), dtype=torch.float32)
     actions = torch.tensor(rng.integers(0, 2, 40))
     mu_logp = torch.tensor(np.log(rng.uniform(0.2, 0.8, 40)), dtype=torch.float32)
-    got = learner._cross_ratio_min({"obs": obs, "actions": actions, "logp": mu_logp}, others)
+    zeros = torch.zeros(40)
+    batch = Batch(obs=obs, actions=actions, logp=mu_logp, advantages=zeros, returns=zeros,
+                  values=zeros)
+    got = learner._cross_ratio_min(batch, others)
 
     want = []
     for k in range(40):

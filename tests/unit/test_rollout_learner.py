@@ -3,11 +3,12 @@
 import numpy as np
 
 from dask_rl.config import from_dict
+from dask_rl.data import PolicySnapshot
 from dask_rl.envs import env_spaces
-from dask_rl.learner import Learner
 from dask_rl.models import get_flat, make_model
-from dask_rl.rollout import RolloutWorker, evaluate
-from dask_rl.types import PolicySnapshot
+from dask_rl.roles.collector import Collector
+from dask_rl.roles.evaluation import evaluate
+from dask_rl.roles.learner import Learner
 
 
 def _setup(**cfg):
@@ -19,7 +20,7 @@ def _setup(**cfg):
 
 def test_rollout_shapes_and_episodes_continue_across_calls():
     cfg, _, snap = _setup(env={"num_envs": 3})
-    rw = RolloutWorker(cfg, seed=1)
+    rw = Collector(cfg, seed=1)
     rw.load(snap)
     t1 = rw.collect(50)
     assert t1.obs.shape == (50, 3, 4) and t1.actions.shape == (50, 3)
@@ -34,7 +35,7 @@ def test_rollout_shapes_and_episodes_continue_across_calls():
 
 def test_rollouts_are_reproducible_per_seed():
     cfg, _, snap = _setup()
-    a, b = RolloutWorker(cfg, seed=5), RolloutWorker(cfg, seed=5)
+    a, b = Collector(cfg, seed=5), Collector(cfg, seed=5)
     a.load(snap)
     b.load(snap)
     ta, tb = a.collect(20), b.collect(20)
@@ -44,7 +45,7 @@ def test_rollouts_are_reproducible_per_seed():
 
 def test_truncated_episodes_keep_their_final_observation():
     cfg, _, snap = _setup(env={"num_envs": 2, "kwargs": {"max_episode_steps": 5}})
-    rw = RolloutWorker(cfg, seed=0)
+    rw = Collector(cfg, seed=0)
     rw.load(snap)
     t = rw.collect(12)
     assert t.truncated.any()
@@ -54,22 +55,22 @@ def test_truncated_episodes_keep_their_final_observation():
 
 def test_learner_update_improves_the_surrogate_and_carries_adam_state():
     cfg, spaces, snap = _setup()
-    rw = RolloutWorker(cfg, seed=0)
+    rw = Collector(cfg, seed=0)
     rw.load(snap)
     traj = rw.collect(128)
     learner = Learner(cfg, *spaces, device="cpu")
     res = learner.update(snap, traj, lr=3e-4, seed=0)
-    assert res.gradient.shape == snap.params.shape and np.isfinite(res.gradient).all()
-    assert np.linalg.norm(res.gradient) > 0
+    assert res.delta.shape == snap.params.shape and np.isfinite(res.delta).all()
+    assert np.linalg.norm(res.delta) > 0
     assert res.opt_state["t"] == cfg.learner.epochs * cfg.learner.minibatches
     assert res.stats["learner/samples"] == traj.env_steps
     # same inputs and seed, same update: learners are deterministic
     again = learner.update(snap, traj, lr=3e-4, seed=0)
-    np.testing.assert_allclose(again.gradient, res.gradient, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(again.delta, res.delta, rtol=1e-5, atol=1e-7)
     # continuing from the returned Adam state differs from a fresh Adam
     warm = learner.update(PolicySnapshot(0, snap.params, opt_state=res.opt_state), traj,
                           lr=3e-4, seed=0)
-    assert not np.allclose(warm.gradient, res.gradient)
+    assert not np.allclose(warm.delta, res.delta)
 
 
 def test_flat_buffers_collect_gradients_in_place():
@@ -94,5 +95,5 @@ def test_flat_buffers_collect_gradients_in_place():
 def test_greedy_evaluation_counts_whole_episodes():
     cfg, _, snap = _setup()
     result = evaluate(cfg, snap, episodes=5, seed=0)
-    assert result["episodes"] == 5
-    assert 8 <= result["mean_return"] <= 500
+    assert result.episodes == 5
+    assert 8 <= result.mean_return <= 500

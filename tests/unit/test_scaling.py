@@ -1,6 +1,6 @@
 """The adaptive policy's decisions for scripted backlogs (no cluster)."""
 
-from dask_rl.scaling import Bounds, Load, demand, target
+from dask_rl.control.scaling import Bounds, Load, demand, target
 
 
 def test_idle_runs_shrink_to_the_minimum():

@@ -5,9 +5,17 @@ import math
 import numpy as np
 import pytest
 
-from dask_rl.config import (AsyncConfig, SoftsyncConfig, SSPConfig, StellarisConfig,
-                            SyncConfig)
-from dask_rl.staleness import STRATEGIES, Arrival, Decision, make_strategy
+from dask_rl.staleness import (
+    STRATEGIES,
+    Arrival,
+    AsyncConfig,
+    Decision,
+    SoftsyncConfig,
+    SSPConfig,
+    StellarisConfig,
+    SyncConfig,
+    make_strategy,
+)
 from dask_rl.staleness.stellaris import step_scale
 
 CONFIGS = {"sync": SyncConfig(), "async": AsyncConfig(), "ssp": SSPConfig(bound=2),

@@ -1,6 +1,6 @@
 """Evaluating perturbed policies: the single-process building block of ES tasks.
 
-An :class:`ESWorker` holds one environment, the deterministic policy network, the mean
+An :class:`ESEvaluator` holds one environment, the deterministic policy network, the mean
 parameters of the generation it last saw (cached by version) and a reference to the shared
 noise table; it plays whole episodes with ``theta + sigma * eps`` and ``theta - sigma * eps``
 and reports only returns, lengths and observation statistics — scalars, never vectors.
@@ -12,14 +12,14 @@ import numpy as np
 import torch
 
 from dask_rl.algos import es
-from dask_rl.config import PipelineConfig
+from dask_rl.config.schema import PipelineConfig
+from dask_rl.data import Evaluation, PerturbationResult, PolicySnapshot
 from dask_rl.envs import env_spaces, make_env
 from dask_rl.models import make_policy, set_flat
 from dask_rl.models.normalizer import batch_moments, empty_moments, merge_moments
-from dask_rl.types import PolicySnapshot
 
 
-class ESWorker:
+class ESEvaluator:
     def __init__(self, cfg: PipelineConfig, table: np.ndarray):
         self.cfg = cfg
         self.table = table
@@ -57,7 +57,7 @@ class ESWorker:
             if terminated or truncated or (limit is not None and steps >= limit):
                 return total, steps
 
-    def evaluate(self, indices: np.ndarray, seeds: np.ndarray) -> dict:
+    def evaluate(self, indices: np.ndarray, seeds: np.ndarray) -> PerturbationResult:
         """Returns and lengths ``[n, 2]`` (plus, minus) of each pair, and observation moments."""
         cfg = self.cfg.algo
         theta = self.snapshot.params
@@ -76,14 +76,11 @@ class ESWorker:
                     lengths[i, j] += n
                 if record:
                     moments = merge_moments(moments, batch_moments(np.stack(record)))
-        return {"returns": returns, "lengths": lengths, "moments": moments}
+        return PerturbationResult(returns=returns, lengths=lengths, moments=moments)
 
-    def noiseless(self, episodes: int, seed: int) -> dict:
-        """Mean return of the unperturbed mean parameters (the ES "greedy" evaluation)."""
+    def noiseless(self, episodes: int, seed: int) -> Evaluation:
+        """Returns of the unperturbed mean parameters (the ES "greedy" evaluation)."""
         results = [self.episode(self.snapshot.params, seed + k) for k in range(episodes)]
-        returns = np.array([r for r, _ in results])
-        return {"mean_return": float(returns.mean()), "std_return": float(returns.std()),
-                "min_return": float(returns.min()), "max_return": float(returns.max()),
-                "mean_length": float(np.mean([n for _, n in results])),
-                "episodes": episodes, "version": self.version,
-                "env_steps": int(sum(n for _, n in results))}
+        lengths = [n for _, n in results]
+        return Evaluation.of([r for r, _ in results], lengths, version=self.version,
+                             env_steps=int(sum(lengths)))

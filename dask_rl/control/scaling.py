@@ -1,21 +1,22 @@
 """How many workers an RL workload wants: the adaptive policy's decision, without Dask.
 
-TianJi balances learner and actor throughput — maximise ``min(T_learner, T_actor)`` — and
+TianJi balances learner and rollout throughput — maximise ``min(T_learner, T_actor)``, where
+TianJi's *actors* are our rollouts — and
 Stellaris launches learners on demand. For one trainer, with ``r`` the seconds a rollout task
 takes and ``l`` the seconds a learner task takes per trajectory (both measured by the driver):
 
-* **actors** want one thread per rollout task running or waiting (the rollout backlog);
+* **rollouts** want one thread per rollout task running or waiting (the rollout backlog);
 * **learners** want one thread per learner task running, plus one per ready trajectory still
   waiting for a learner, up to the learners allowed;
-* **balance**: with ``n_r`` rollout threads the actors produce ``n_r / r`` trajectories per
+* **balance**: with ``n_r`` rollout threads the rollouts produce ``n_r / r`` trajectories per
   second and learners consume ``n_l / l``. Threads beyond the balanced ``n_l = n_r * l / r``
   for learners would idle for lack of data; rollout threads beyond ``n_r = n_l * r / l``
   would only grow the queue of ready trajectories. When ready trajectories pile up
-  (``ready > max_learners``) the actors are ahead and the rollout demand is cut to what the
+  (``ready > max_learners``) the rollouts are ahead and the rollout demand is cut to what the
   learners can absorb; otherwise learners get their balanced share.
 
 Learners on GPUs live in their own worker group: then the CPU (default) group is sized for the
-actors and the learner group separately. Bounds, a fixed group (the parameter actor's workers,
+rollouts and the learner group separately. Bounds, a fixed group (the parameter actor's workers,
 never scaled) and several trainers at once (population-based training) are handled here too.
 """
 
@@ -58,20 +59,20 @@ class Target:
 
 def demand(load: Load) -> tuple[int, int, str]:
     """(rollout threads, learner threads, why) wanted by one trainer."""
-    actors = load.rollout_running + load.rollout_waiting
+    rollouts = load.rollout_running + load.rollout_waiting
     queue = load.learner_running + load.learner_waiting + load.ready
     learners = min(queue, load.max_learners)
     reason = "backlog"
-    if load.rollout_s > 0 and load.learner_s > 0 and actors > 0:
-        balanced_learners = math.ceil(actors * load.learner_s / load.rollout_s)
+    if load.rollout_s > 0 and load.learner_s > 0 and rollouts > 0:
+        balanced_learners = math.ceil(rollouts * load.learner_s / load.rollout_s)
         if load.ready > load.max_learners:
-            # actors are ahead: feed what the learners can absorb
-            actors = min(actors, max(1, math.ceil(learners * load.rollout_s / load.learner_s)))
+            # rollouts are ahead: feed what the learners can absorb
+            rollouts = min(rollouts, max(1, math.ceil(learners * load.rollout_s / load.learner_s)))
             reason = "learner-bound"
         else:
             learners = max(learners, min(balanced_learners, load.max_learners))
             reason = "balanced"
-    return actors, learners, reason
+    return rollouts, learners, reason
 
 
 def target(loads: list[Load], bounds: Bounds, *, other_tasks: int = 0) -> Target:

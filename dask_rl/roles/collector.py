@@ -1,8 +1,8 @@
 """Collecting trajectories: a persistent vector env stepped by a local copy of the policy.
 
-A :class:`RolloutWorker` is the single-process building block of a rollout task: it keeps its
+A :class:`Collector` is the single-process building block of a rollout task: it keeps its
 environments (and their unfinished episodes) between calls, so episodes continue across tasks,
-and batches policy inference over the vector env.
+and batches policy inference over the vector env. One collector serves one rollout slot.
 """
 
 from __future__ import annotations
@@ -13,26 +13,36 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from dask_rl.config import PipelineConfig
+from dask_rl.algos import registry
+from dask_rl.config.schema import PipelineConfig
+from dask_rl.data import PolicySnapshot, Trajectory
 from dask_rl.envs import episode_stats, make_vector_env
 from dask_rl.models import load_snapshot, make_model
 from dask_rl.models.normalizer import batch_moments
-from dask_rl.types import PolicySnapshot, Trajectory
 
 
-class RolloutWorker:
+class Collector:
     """Steps ``cfg.env.num_envs`` environments with the policy version last loaded.
+
+    With ``env.normalize_reward`` the collector tracks each env's discounted return, at the
+    algorithm's declared discount (:attr:`~dask_rl.algos.base.Needs.discount`), whose running
+    standard deviation the learners scale rewards by.
 
     Examples
     --------
-    >>> worker = RolloutWorker(cfg, seed=0)
-    >>> worker.load(snapshot)
-    >>> traj = worker.collect(128)
+    >>> collector = Collector(cfg, seed=0)
+    >>> collector.load(snapshot)
+    >>> traj = collector.collect(128)
     """
 
-    def __init__(self, cfg: PipelineConfig, *, seed: int, actor_id: int = 0):
+    def __init__(self, cfg: PipelineConfig, *, seed: int, slot: int = 0):
         self.cfg = cfg
-        self.actor_id = actor_id
+        self.slot = slot
+        self.discount = registry.build(cfg.algo).needs.discount if cfg.env.normalize_reward \
+            else None
+        if cfg.env.normalize_reward and self.discount is None:
+            raise ValueError(f"env.normalize_reward: algorithm {cfg.algo.name!r} declares no "
+                             f"discount to scale rewards by")
         self.env = make_vector_env(cfg.env, seed=seed)
         self.obs = self.env.first_obs
         self.model = make_model(self.env.single_observation_space, self.env.single_action_space,
@@ -75,7 +85,7 @@ class RolloutWorker:
             env_action = action if self._bounds is None else np.clip(action, *self._bounds)
             self.obs, rewards[t], terminated[t], truncated[t], info = self.env.step(env_action)
             if scale_rewards:
-                self.discounted = self.discounted * self.cfg.algo.gamma + rewards[t]
+                self.discounted = self.discounted * self.discount + rewards[t]
                 discounted[t] = self.discounted
                 self.discounted[terminated[t] | truncated[t]] = 0.0
             cut = truncated[t] & ~terminated[t]
@@ -95,7 +105,7 @@ class RolloutWorker:
             policy_version=self.version,
             episode_returns=np.concatenate(returns) if returns else np.zeros(0),
             episode_lengths=np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
-            actor_id=self.actor_id,
+            slot=self.slot,
             moments=self._moments(obs_buf, discounted),
             collect_s=time.perf_counter() - t0,
         )
@@ -110,41 +120,3 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.env.close()
-
-
-@torch.inference_mode()
-def evaluate(cfg: PipelineConfig, snapshot: PolicySnapshot, *, episodes: int,
-             seed: int) -> dict:
-    """Greedy evaluation: mean and spread of the returns of ``episodes`` full episodes."""
-    n = min(episodes, 16)
-    env = make_vector_env(cfg.env, n, seed=seed, training=False)
-    model = make_model(env.single_observation_space, env.single_action_space, cfg.model,
-                       normalize_obs=cfg.env.normalize_obs)
-    load_snapshot(model, snapshot)
-    model.eval()
-    space = env.single_action_space
-    bounds = (space.low, space.high) if isinstance(space, spaces.Box) else None
-    # Each env owes a fixed quota of episodes, so short episodes are not over-represented.
-    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
-    obs, returns, lengths = env.first_obs, [], []
-    try:
-        while quota.any():
-            action, _ = model.act(torch.as_tensor(obs), greedy=True)
-            action = action.numpy()
-            if bounds is not None:
-                action = np.clip(action, *bounds)
-            obs, _, _, _, info = env.step(action)
-            final = info.get("final_info")
-            if final and "episode" in final:
-                for i in np.flatnonzero(final["_episode"]):
-                    if quota[i] > 0:
-                        quota[i] -= 1
-                        returns.append(float(final["episode"]["r"][i]))
-                        lengths.append(int(final["episode"]["l"][i]))
-    finally:
-        env.close()
-    returns = np.asarray(returns)
-    return {"mean_return": float(returns.mean()), "std_return": float(returns.std()),
-            "min_return": float(returns.min()), "max_return": float(returns.max()),
-            "mean_length": float(np.mean(lengths)), "episodes": int(len(returns)),
-            "version": snapshot.version}

@@ -3,7 +3,7 @@
 Move an existing ``multiprocessing``-based evaluator to a cluster by changing one line::
 
     from multiprocessing import Pool      # before
-    from dask_rl.population import Pool   # after
+    from dask_rl.pool import Pool         # after
 
     with Pool(4) as pool:                 # 4 worker processes of an embedded LocalCluster,
         fitness = pool.map(evaluate, candidates)   # or Pool(client=c) / Pool(address=...)

@@ -1,9 +1,9 @@
-"""Metrics out of a run: ``RUN_DIR/metrics.jsonl`` and Dask events for the dashboard.
+"""Metrics out of a run: ``RUN_DIR/metrics.jsonl``, and a sink for live listeners.
 
 Every record is one flat JSON object with a ``kind`` (``learner``, ``eval``, ``checkpoint``,
-``recovery``, ``run``) and the run's counters at that moment; the same record goes to the
-scheduler as a Dask event on topic :data:`TOPIC` (Pub/Sub is gone, FACTS.md), where the ``/rl``
-dashboard page reads it.
+``recovery``, ``run``, ...) and the run's counters at that moment. The runtime passes a
+``sink`` that forwards each record to the scheduler as a Dask event on topic :data:`TOPIC`
+(Pub/Sub is gone, FACTS.md), where the ``/rl`` dashboard page reads it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -38,22 +38,23 @@ def clean(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Appends records to a JSONL file and forwards them as Dask events."""
+    """Appends records to a JSONL file and hands each to ``sink`` (best effort)."""
 
-    def __init__(self, path: str | os.PathLike, *, client: Any = None, run: str = ""):
+    def __init__(self, path: str | os.PathLike, *,
+                 sink: Callable[[dict[str, Any]], None] | None = None, run: str = ""):
         self.path = os.fspath(path)
-        self.client = client
+        self.sink = sink
         self.run = run
         self._file = open(self.path, "a", buffering=1)
 
     def write(self, kind: str, record: dict[str, Any]) -> dict[str, Any]:
         rec = clean({"kind": kind, "time": time.time(), "run": self.run, **record})
         self._file.write(json.dumps(rec) + "\n")
-        if self.client is not None:
+        if self.sink is not None:
             try:
-                self.client.log_event(TOPIC, rec)
+                self.sink(rec)
             except Exception:  # the dashboard is best effort; the file is the record
-                logger.debug("could not log a Dask event", exc_info=True)
+                logger.debug("could not forward a metrics record", exc_info=True)
         return rec
 
     def close(self) -> None:

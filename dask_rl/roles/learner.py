@@ -2,8 +2,9 @@
 
 A learner receives the policy version it pulled and one trajectory, runs the algorithm's
 epochs x minibatches of Adam steps from that version, and returns the update it found as a
-*gradient*: ``g = theta_pulled - theta_local``. The parameter actor applies ``g`` (alone,
-averaged or staleness-scaled, as its strategy decides) with step size alpha0. One push per batch
+parameter delta ``g = theta_pulled - theta_local`` (the strategies' *gradient*). The parameter
+actor applies ``g`` (alone, averaged or staleness-scaled, as its strategy decides) with step
+size alpha0. One push per batch
 keeps learner tasks coarse, as on a cluster they must be (cf. local SGD and FedAsync, whose
 polynomial staleness weights Stellaris' alpha0 / delta^(1/v) resembles).
 
@@ -23,13 +24,14 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from dask_rl.algos import get_algorithm
+from dask_rl.algos import registry
+from dask_rl.algos.base import Batch, LearnerAlgorithm
 from dask_rl.algos.optim import Adam
-from dask_rl.config import PipelineConfig
+from dask_rl.config.schema import PipelineConfig
+from dask_rl.data import LearnerUpdate, PolicySnapshot, Trajectory
 from dask_rl.envs import is_atari
 from dask_rl.models import flatten_, load_snapshot, make_model, resolve_device
 from dask_rl.models.normalizer import mean_var
-from dask_rl.types import LearnerResult, PolicySnapshot, Trajectory
 
 
 class Learner:
@@ -45,7 +47,7 @@ class Learner:
         self.cfg = cfg
         self.device = device if isinstance(device, torch.device) else resolve_device(
             device or cfg.learner.device)
-        self.algo = get_algorithm(cfg.algo.name)
+        self.algorithm = self._algorithm(None)
         self.model = make_model(obs_space, action_space, cfg.model,
                                 normalize_obs=cfg.env.normalize_obs).to(self.device)
         self.flat, self.grad = flatten_(self.model)
@@ -62,28 +64,35 @@ class Learner:
             return np.clip(rewards / np.sqrt(var[0] + 1e-8), -10, 10).astype(np.float32)
         return rewards
 
+    def _algorithm(self, overrides: dict | None) -> LearnerAlgorithm:
+        algo_cfg = dataclasses.replace(self.cfg.algo, **overrides) if overrides \
+            else self.cfg.algo
+        algorithm = registry.build(algo_cfg)
+        if not isinstance(algorithm, LearnerAlgorithm):
+            raise TypeError(f"algorithm {algo_cfg.name!r} is not trained by learners")
+        return algorithm
+
     def update(self, snapshot: PolicySnapshot, traj: Trajectory, *, lr: float,
                seed: int, cross_policies: list[PolicySnapshot] | None = None,
-               algo_overrides: dict | None = None) -> LearnerResult:
-        """Local epochs on ``traj`` from ``snapshot``; returns the update as a gradient.
+               algo_overrides: dict | None = None) -> LearnerUpdate:
+        """Local epochs on ``traj`` from ``snapshot``; returns the parameter delta.
 
         ``algo_overrides`` replaces algorithm hyperparameters for this update (population-based
         training gives each member its own).
         """
         t0 = time.perf_counter()
-        cfg, lcfg = self.cfg, self.cfg.learner
-        algo_cfg = dataclasses.replace(cfg.algo, **algo_overrides) if algo_overrides \
-            else cfg.algo
+        lcfg = self.cfg.learner
+        algorithm = self._algorithm(algo_overrides) if algo_overrides else self.algorithm
         model, flat, grad = self.model, self.flat, self.grad
-        extra = {}
-        if getattr(self.algo, "needs_target", False):
-            extra["target_logp"] = self._target_logp(snapshot, traj)
+        target_logp = None
+        if algorithm.needs.target_network_every is not None:
+            target_logp = self._target_logp(snapshot, traj)
         load_snapshot(model, snapshot)
-        batch = self.algo.prepare(traj, model, algo_cfg, device=self.device,
-                                  rewards=self.rewards(traj, snapshot), **extra)
+        batch = algorithm.prepare(traj, model, device=self.device,
+                                  rewards=self.rewards(traj, snapshot), target_logp=target_logp)
         if cross_policies:
-            batch["cross_ratio_min"] = self._cross_ratio_min(batch, cross_policies,
-                                                             snapshot.version)
+            batch.cross_ratio_min = self._cross_ratio_min(batch, cross_policies,
+                                                          snapshot.version)
             load_snapshot(model, snapshot)
         model.train()
         optimizer = Adam(flat, eps=lcfg.adam_eps)
@@ -91,7 +100,7 @@ class Learner:
             optimizer.load_state_dict({k: torch.as_tensor(v).to(self.device)
                                        if k != "t" else v for k, v in snapshot.opt_state.items()})
         generator = torch.Generator().manual_seed(seed)
-        size = len(batch["advantages"])
+        size = len(batch)
         mb_size = size // lcfg.minibatches
         epoch_stats: list[dict] = []
         epochs_run = 0
@@ -100,9 +109,8 @@ class Learner:
             perm = torch.randperm(size, generator=generator).to(self.device)
             epoch_stats = []
             for k in range(lcfg.minibatches):
-                idx = perm[k * mb_size:(k + 1) * mb_size]
-                mb = {key: value[idx] for key, value in batch.items()}
-                loss, stats = self.algo.loss(model, mb, algo_cfg, is_rho=lcfg.is_rho)
+                mb = batch.take(perm[k * mb_size:(k + 1) * mb_size])
+                loss, stats = algorithm.loss(model, mb, is_rho=lcfg.is_rho)
                 if not torch.isfinite(loss):
                     finite = False
                     break
@@ -114,13 +122,9 @@ class Learner:
                     optimizer.step(flat, grad, lr)
                 epoch_stats.append(stats)
             epochs_run += 1
-            if not finite:
+            if not finite or algorithm.stop_epochs(epoch_stats):
                 break
-            target_kl = getattr(algo_cfg, "target_kl", None)
-            if target_kl is not None and np.mean(
-                    [s["losses/approx_kl"] for s in epoch_stats]) > target_kl:
-                break
-        gradient = snapshot.params - flat.detach().cpu().numpy()
+        delta = snapshot.params - flat.detach().cpu().numpy()
         stats = {k: float(np.mean([s[k] for s in epoch_stats])) for k in epoch_stats[0]} \
             if epoch_stats else {}
         stats["learner/finite"] = finite
@@ -128,10 +132,10 @@ class Learner:
         stats["learner/epochs"] = epochs_run
         stats["learner/samples"] = size
         stats["learner/time_s"] = time.perf_counter() - t0
-        stats["learner/update_norm"] = float(np.linalg.norm(gradient))
+        stats["learner/update_norm"] = float(np.linalg.norm(delta))
         opt_state = {"m": optimizer.m.cpu().numpy().copy(), "v": optimizer.v.cpu().numpy().copy(),
                      "t": optimizer.t}
-        return LearnerResult(gradient=gradient.astype(np.float32, copy=False),
+        return LearnerUpdate(delta=delta.astype(np.float32, copy=False),
                              version=snapshot.version, stats=stats, opt_state=opt_state)
 
     @torch.no_grad()
@@ -148,7 +152,7 @@ class Learner:
         return dist.log_prob(actions.reshape(n, *actions.shape[2:])).cpu().numpy()
 
     @torch.no_grad()
-    def _cross_ratio_min(self, batch: dict, policies: list[PolicySnapshot],
+    def _cross_ratio_min(self, batch: Batch, policies: list[PolicySnapshot],
                          loaded_version: int | None = None) -> torch.Tensor:
         """``min_i pi_theta_i(a|s) / mu(a|s)`` over the other active learners' policies.
 
@@ -159,8 +163,8 @@ class Learner:
         for snap in sorted(policies, key=lambda s: s.version != loaded_version):
             if snap.version != loaded_version:
                 load_snapshot(model, snap)
-            dist = model.policy(batch["obs"])
-            ratios.append((dist.log_prob(batch["actions"]) - batch["logp"]).exp())
+            dist = model.policy(batch.obs)
+            ratios.append((dist.log_prob(batch.actions) - batch.logp).exp())
         return torch.stack(ratios).min(0).values
 
 
@@ -173,10 +177,10 @@ def clip_grad_norm(grad: torch.Tensor, max_norm: float) -> float:
     return norm
 
 
-def _explained_variance(batch: dict) -> dict:
-    y_true = batch["returns"]
+def _explained_variance(batch: Batch) -> dict:
+    y_true = batch.returns
     var = y_true.var()
     if var == 0:
         return {"losses/explained_variance": float("nan")}
-    ev = 1 - (y_true - batch["values"]).var() / var
+    ev = 1 - (y_true - batch.values).var() / var
     return {"losses/explained_variance": float(ev)}

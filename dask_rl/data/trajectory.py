@@ -1,4 +1,4 @@
-"""Plain data passed between rollout tasks, learner tasks and the parameter actor.
+"""What a rollout task collects: a :class:`Trajectory` of numpy arrays.
 
 Trajectories are numpy arrays (time-major ``[T, N, ...]``) so that Dask sizes them exactly,
 moves them worker to worker without pickling overhead, and any learner can read them.
@@ -32,7 +32,7 @@ class Trajectory:
     policy_version: int         # parameter version the acting policy had
     episode_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
     episode_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    actor_id: int = 0
+    slot: int = 0                          # the rollout slot that collected it
     moments: dict | None = None            # running statistics seen: {"obs": ..., "return": ...}
     collect_s: float = 0.0                 # seconds the rollout took
 
@@ -55,37 +55,3 @@ class Trajectory:
 
     def __sizeof__(self) -> int:  # what dask.sizeof reports
         return self.nbytes + 256
-
-
-@dataclass
-class LearnerResult:
-    """What a learner task hands to the parameter actor (``gradient``) and the driver."""
-
-    gradient: np.ndarray        # flat float32: theta_pulled - theta_after_local_update
-    version: int                # parameter version the learner pulled
-    stats: dict = field(default_factory=dict)
-    opt_state: dict | None = None  # the local Adam moments after the update
-
-    def __sizeof__(self) -> int:
-        extra = 0 if self.opt_state is None else 2 * self.gradient.nbytes
-        return self.gradient.nbytes + extra + 512
-
-
-
-@dataclass
-class PolicySnapshot:
-    """One version of the policy as the parameter actor hands it out."""
-
-    version: int
-    params: np.ndarray                      # flat float32 parameters
-    moments: dict | None = None             # running statistics {"obs": ..., "return": ...}
-    opt_state: dict | None = None           # learners' Adam moments {"m", "v", "t"}
-    target_params: np.ndarray | None = None # the target network (IMPACT)
-
-    def __sizeof__(self) -> int:
-        extra = sum(m.nbytes for m in (self.moments or {}).values())
-        if self.opt_state is not None:
-            extra += self.opt_state["m"].nbytes + self.opt_state["v"].nbytes
-        if self.target_params is not None:
-            extra += self.target_params.nbytes
-        return self.params.nbytes + extra + 128

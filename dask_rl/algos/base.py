@@ -1,0 +1,133 @@
+"""The interface between an algorithm and the runtime.
+
+An algorithm declares what it needs of the runtime in :class:`Needs` and otherwise only turns
+data into losses; the runtime asks it nothing else. Two families exist:
+
+* :class:`LearnerAlgorithm` — gradient learners trained by asynchronous learner tasks on
+  trajectories (PPO, IMPACT): the learner building block calls :meth:`~LearnerAlgorithm.prepare`
+  once per trajectory, then :meth:`~LearnerAlgorithm.loss` on minibatches for
+  ``learner.epochs`` x ``learner.minibatches`` Adam steps, and asks
+  :meth:`~LearnerAlgorithm.stop_epochs` after each epoch;
+* ``evolution`` algorithms (ES) — generations of perturbations; their driver uses the pure
+  functions of their module.
+
+Notes
+-----
+A new algorithm is one module in ``algos/`` with a config class (a frozen, keyword-only
+subclass of :class:`~dask_rl.config.schema.AlgoConfig` whose ``name`` field is a ``Literal``)
+and an :class:`Algorithm` subclass naming it in ``config_class``, plus one registration:
+a line in :data:`dask_rl.algos.registry.BUILTIN`, or :func:`dask_rl.algos.registry.register`
+for code outside the package. See ``docs/architecture.md``.
+
+Examples
+--------
+>>> algo = get("ppo")(cfg.algo)
+>>> batch = algo.prepare(traj, model, device=device, rewards=traj.rewards)
+>>> loss, stats = algo.loss(model, batch.take(idx))
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+
+from dask_rl.config.schema import AlgoConfig
+
+if TYPE_CHECKING:
+    from dask_rl.data import Trajectory
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an algorithm asks of the runtime. The defaults ask for nothing."""
+
+    #: The parameter actor keeps a *target* copy of the parameters, refreshed every this many
+    #: updates; learners get ``log pi_target(a|s)`` of their batch (None: no target network).
+    target_network_every: int | None = None
+    #: Times each trajectory is learned from in all (> 1: the driver replays recent
+    #: trajectories from a circular buffer when learners would otherwise idle).
+    replay: int = 1
+    #: Trajectories that circular buffer keeps.
+    replay_capacity: int = 1
+    #: The discount of the running return by whose standard deviation ``env.normalize_reward``
+    #: scales rewards (None: the algorithm has no discount; reward scaling is refused).
+    discount: float | None = None
+
+
+@dataclass
+class Batch:
+    """One trajectory flattened over ``[T, N]`` into tensors, ready for minibatches.
+
+    ``target_logp`` is set when the algorithm keeps a target network; ``cross_ratio_min`` by the
+    learner when Stellaris' importance-sampling truncation is on.
+    """
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logp: torch.Tensor          # log mu(a|s) of the behaviour policy
+    advantages: torch.Tensor
+    returns: torch.Tensor       # value targets
+    values: torch.Tensor        # V(s) when the batch was prepared
+    target_logp: torch.Tensor | None = None
+    cross_ratio_min: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.advantages.shape[0])
+
+    def take(self, idx: torch.Tensor) -> "Batch":
+        """The minibatch at ``idx`` (every tensor indexed alike)."""
+        return dataclasses.replace(self, **{
+            f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None})
+
+
+class Algorithm(abc.ABC):
+    """Base of every algorithm: a name, a config class, a family and its declared needs."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[AlgoConfig]]
+    family: ClassVar[str]   # "learner" or "evolution": which driver trains it
+
+    def __init__(self, cfg: AlgoConfig):
+        if not isinstance(cfg, self.config_class):
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, "
+                            f"got {type(cfg).__name__}")
+        self.cfg = cfg
+
+    @property
+    def needs(self) -> Needs:
+        return Needs()
+
+
+class LearnerAlgorithm(Algorithm):
+    """A gradient learner trained on trajectories by asynchronous learner tasks."""
+
+    family = "learner"
+
+    @abc.abstractmethod
+    def prepare(self, traj: "Trajectory", model: torch.nn.Module, *, device: torch.device,
+                rewards: np.ndarray, target_logp: np.ndarray | None = None) -> Batch:
+        """A trajectory as a training batch (targets computed under ``model`` as loaded).
+
+        ``rewards`` are the rewards the loss should see (clipped or scaled by the learner);
+        ``target_logp`` is ``log pi_target(a|s)`` of the actions, flat, when
+        :attr:`Needs.target_network_every` is set.
+        """
+
+    @abc.abstractmethod
+    def loss(self, model: torch.nn.Module, mb: Batch, *,
+             is_rho: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(loss, stats)`` on a minibatch; stats use CleanRL's ``losses/...`` keys.
+
+        ``is_rho`` is the cap of Stellaris' importance-sampling truncation, used where
+        ``mb.cross_ratio_min`` is set.
+        """
+
+    def stop_epochs(self, epoch_stats: list[dict[str, float]]) -> bool:
+        """After an epoch: stop this learner's epochs early (PPO's ``target_kl``)?"""
+        return False

@@ -1,0 +1,274 @@
+"""The pipeline schema: every section and field, as frozen, keyword-only dataclasses.
+
+A pipeline is a YAML mapping with one section per concern (``algo``, ``env``, ``model``,
+``rollout``, ``learner``, ``aggregation``, ``stop``, ``checkpoint``, ``cluster``,
+``population``). Every field is declared once, here or in the module of the algorithm or
+strategy it belongs to, with its default, bounds and a one-line description (:func:`option`);
+:mod:`dask_rl.config.loader` validates YAML against it.
+
+Two sections are *open variants*: ``algo`` is an :class:`AlgoConfig` subclass chosen by
+``algo.name`` (each algorithm's module declares its own, :mod:`dask_rl.algos.registry` finds
+it) and ``aggregation`` an :class:`AggregationConfig` subclass chosen by
+``aggregation.strategy`` (:mod:`dask_rl.staleness`). This module imports nothing of dask-rl,
+so every layer can read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["ConfigError", "option", "AlgoConfig", "AggregationConfig", "EnvConfig",
+           "ModelConfig", "RolloutConfig", "LearnerConfig", "StopConfig", "CheckpointConfig",
+           "AdaptConfig", "SecurityConfig", "KubernetesConfig", "ClusterConfig",
+           "PopulationConfig", "PipelineConfig"]
+
+
+class ConfigError(ValueError):
+    """A pipeline is invalid. The message is one line naming the key path and the value."""
+
+
+def option(default: Any = dataclasses.MISSING, doc: str = "", *, default_factory: Any = None,
+           ge: float | None = None, gt: float | None = None, le: float | None = None,
+           lt: float | None = None, choices: tuple | None = None) -> Any:
+    """A dataclass field carrying its documentation and bounds for the loader."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgoConfig:
+    """Base of every algorithm's ``algo`` section; ``name`` selects the algorithm.
+
+    Subclasses declare ``name: Literal["<name>"] = option("<name>", "algorithm")`` and their
+    hyperparameters. ``renamed`` maps keys a section used to have to their new names (they
+    are still read, with a warning).
+    """
+
+    name: str
+    renamed: ClassVar[dict[str, str]] = {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregationConfig:
+    """Base of every strategy's ``aggregation`` section; ``strategy`` selects it."""
+
+    strategy: str
+    alpha0: float = option(1.0, "server step size alpha0: theta -= alpha0 * sum_j w_j g_j",
+                           gt=0)
+    renamed: ClassVar[dict[str, str]] = {"lr": "alpha0"}
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    id: str = option("CartPole-v1", "Gymnasium id, e.g. CartPole-v1, ALE/Pong-v5, Hopper-v5")
+    num_envs: int = option(4, "environments stepped together by one rollout task", ge=1)
+    kwargs: dict = option(doc="extra keyword arguments for gymnasium.make", default_factory=dict)
+    frame_stack: int = option(4, "Atari only: frames stacked per observation", ge=1)
+    noop_max: int = option(30, "Atari only: random no-ops at reset", ge=0)
+    episodic_life: bool = option(True, "Atari only: a lost life ends the training episode")
+    clip_rewards: bool = option(True, "Atari only: the loss sees sign(reward)")
+    normalize_obs: bool = option(False, "normalise observations by their running mean/std")
+    normalize_reward: bool = option(False, "scale rewards by the running std of discounted "
+                                           "returns, clipped to +-10 (MuJoCo)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    hidden: tuple[int, ...] = option((64, 64), "hidden layer sizes of the MLP torso")
+    activation: str = option("tanh", "MLP activation", choices=("tanh", "relu"))
+    separate_critic: bool = option(True, "MLP only: actor and critic have separate torsos")
+    log_std_init: float = option(0.0, "continuous actions: initial log standard deviation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    renamed: ClassVar[dict[str, str]] = {"num_actors": "slots"}
+
+    steps: int = option(128, "env steps per environment in one rollout task", ge=1)
+    slots: int | None = option(None, "rollout slots: rollout tasks kept in flight, each on its "
+                                     "own persistent environments (None: one per worker "
+                                     "thread)", ge=1)
+    max_ready: int | None = option(None, "completed trajectories waiting for a learner before "
+                                         "rollouts pause (None: learner.max_learners)", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    max_learners: int = option(2, "learner tasks in flight at once", ge=1)
+    gpus: float = option(0.0, "Dask resource GPU requested per learner task", ge=0)
+    device: str = option("auto", "where a learner runs its math", choices=("auto", "cpu", "cuda"))
+    lr: float = option(2.5e-4, "learning rate of the learner's local optimizer", gt=0)
+    anneal_lr: bool = option(True, "decay lr linearly to 0 over stop.env_steps")
+    epochs: int = option(4, "passes over each batch", ge=1)
+    minibatches: int = option(4, "minibatches per pass", ge=1)
+    max_grad_norm: float = option(0.5, "clip the global gradient norm (0: off)", ge=0)
+    adam_eps: float = option(1e-5, "Adam epsilon", gt=0)
+    is_truncation: bool = option(False, "global importance-sampling truncation across the "
+                                        "learners active at the same time (Stellaris)")
+    is_rho: float = option(1.0, "cap rho of the truncated ratio", gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopConfig:
+    env_steps: int = option(300_000, "stop after this many environment steps", ge=1)
+    wall_s: float | None = option(None, "stop after this many seconds", gt=0)
+    target_return: float | None = option(None, "stop once a greedy evaluation reaches this mean "
+                                               "return (None: the env's reward_threshold)")
+    eval_episodes: int = option(10, "episodes of each greedy evaluation", ge=1)
+    eval_every_updates: int = option(50, "evaluate greedily every N updates (0: only when the "
+                                         "training return reaches the target)", ge=0)
+    solve_on_target: bool = option(True, "stop as soon as a greedy evaluation reaches the "
+                                         "target")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    every_s: float = option(60.0, "seconds between checkpoints (0: only at the end)", ge=0)
+    keep: int = option(3, "checkpoints kept", ge=1)
+    path: str | None = option(None, "where checkpoints go (default RUN_DIR/checkpoints); a local "
+                                    "path or an fsspec URL")
+    replay_buffer: bool = option(True, "off-policy runs: write the replay buffer's trajectories "
+                                       "too (workers write them; they must reach the path)")
+    heartbeat_s: float = option(2.0, "seconds between pings of the parameter actor", gt=0)
+    actor_timeout_s: float = option(30.0, "a parameter actor silent this long is re-created "
+                                          "from the latest checkpoint", gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptConfig:
+    minimum: int = option(1, "fewest workers (in the default, rollout group)", ge=0)
+    maximum: int = option(4, "most workers", ge=1)
+    interval_s: float = option(1.0, "local: seconds between scaling decisions", gt=0)
+    wait_count: int = option(3, "local: decisions in a row before a worker is retired", ge=1)
+
+    def __post_init__(self) -> None:
+        if self.maximum < self.minimum:
+            raise ConfigError(f"maximum: must be >= minimum ({self.minimum}), "
+                              f"got {self.maximum}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecurityConfig:
+    tls_ca_file: str | None = option(None, "address: CA certificate (PEM) for tls://")
+    tls_client_cert: str | None = option(None, "address: client certificate (PEM)")
+    tls_client_key: str | None = option(None, "address: client private key (PEM)")
+    require_encryption: bool = option(True, "refuse unencrypted connections")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesConfig:
+    name: str = option("dask-rl", "DaskCluster name")
+    namespace: str = option("default", "Kubernetes namespace")
+    image: str = option("ghcr.io/dask-rl/dask-rl:0.1.0", "container image (k8s/Dockerfile)")
+    rollout_workers: int = option(2, "workers of the default (rollout) group", ge=0)
+    rollout_cpu: str = option("1", "CPU per rollout worker")
+    rollout_memory: str = option("4Gi", "memory per rollout worker")
+    learner_workers: int = option(0, "workers of the GPU learner group", ge=0)
+    learner_gpus: int = option(1, "GPUs per learner worker", ge=0)
+    learner_memory: str = option("16Gi", "memory per learner worker")
+    parameter_workers: int = option(1, "workers of the fixed parameter group (never scaled)",
+                                    ge=1)
+    parameter_memory: str = option("4Gi", "memory per parameter worker")
+    scheduler_memory: str = option("2Gi", "memory of the scheduler")
+    env: dict = option(doc="environment variables for every pod", default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    kind: str = option("local", "local: embedded LocalCluster; address: an existing scheduler; "
+                                "kubernetes: a DaskCluster by the dask-kubernetes operator",
+                       choices=("local", "address", "kubernetes"))
+    n_workers: int = option(2, "local: worker processes", ge=1)
+    threads_per_worker: int = option(1, "local: threads per worker", ge=1)
+    processes: bool = option(True, "local: worker processes (False: threads in this process)")
+    memory_limit: str = option("auto", "local: memory limit per worker")
+    address: str | None = option(None, "address: the scheduler, tcp://host:8786 or tls://...")
+    dashboard: bool = option(True, "local: serve the Dask dashboard (and the /rl page)")
+    profile: bool = option(False, "Dask's statistical profiler on workers of local and rendered "
+                                  "Kubernetes clusters (it samples every thread every 10 ms, "
+                                  "slows rollouts ~15% and keeps ~110 MB of history per worker)")
+    adapt: AdaptConfig | None = option(None, "scale workers to the RL workload (None: fixed)")
+    security: SecurityConfig | None = option(None, "TLS for kind address (tls:// schedulers)")
+    kubernetes: KubernetesConfig = option(doc="kind kubernetes: the cluster to create",
+                                          default_factory=KubernetesConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PopulationConfig:
+    members: int = option(4, "population-based training: trainers run at once", ge=2)
+    ready_env_steps: int = option(20_000, "a member is ready for exploit/explore every this "
+                                          "many of its env steps", ge=1)
+    fraction: float = option(0.25, "bottom fraction replaced by copies of the top fraction",
+                             gt=0, le=0.5)
+    resample_probability: float = option(0.25, "explore: resample instead of perturbing",
+                                         ge=0, le=1)
+    perturb_factors: tuple[float, ...] = option((0.8, 1.2), "explore: multiply by one of these")
+    hyperparameters: dict = option(
+        doc="key path -> [low, high] searched (log-uniform when low > 0), e.g. learner.lr",
+        default_factory=lambda: {"learner.lr": [1e-4, 1e-3], "algo.ent_coef": [0.0, 0.03]})
+    eval_episodes: int = option(5, "greedy episodes scoring a member at each ready point", ge=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    algo: AlgoConfig = option(doc="algorithm and its hyperparameters (by algo.name; default "
+                                  "ppo)")
+    seed: int = option(0, "seeds environments, model init and learners", ge=0)
+    env: EnvConfig = option(doc="environment", default_factory=EnvConfig)
+    model: ModelConfig = option(doc="policy / value network", default_factory=ModelConfig)
+    rollout: RolloutConfig = option(doc="rollout tasks", default_factory=RolloutConfig)
+    learner: LearnerConfig = option(doc="learner tasks", default_factory=LearnerConfig)
+    aggregation: AggregationConfig = option(doc="how the parameter actor applies gradients "
+                                                "(by aggregation.strategy; default async)")
+    stop: StopConfig = option(doc="when a run ends", default_factory=StopConfig)
+    checkpoint: CheckpointConfig = option(doc="Zarr checkpoints",
+                                          default_factory=CheckpointConfig)
+    cluster: ClusterConfig = option(doc="where it runs", default_factory=ClusterConfig)
+    population: PopulationConfig | None = option(None, "population-based training over the "
+                                                       "members (None: one trainer)")
+
+    def __post_init__(self) -> None:
+        batch = self.env.num_envs * self.rollout.steps
+        if self.learner.minibatches > batch:
+            raise ConfigError(f"learner.minibatches: must be <= env.num_envs * rollout.steps "
+                              f"= {batch}, got {self.learner.minibatches}")
+        if self.cluster.kind == "address" and not self.cluster.address:
+            raise ConfigError("cluster.address: required when cluster.kind is 'address', got None")
+        if self.population is not None:
+            for key, bounds in self.population.hyperparameters.items():
+                where = f"population.hyperparameters.{key}"
+                if key != "learner.lr" and not key.startswith("algo."):
+                    raise ConfigError(f"{where}: only learner.lr and algo.* hyperparameters "
+                                      f"can change during training, got {key!r}")
+                if not isinstance(self.lookup(key), (int, float)) or isinstance(
+                        self.lookup(key), bool):
+                    raise ConfigError(f"{where}: not a numeric pipeline key, got {key!r}")
+                if (not isinstance(bounds, (list, tuple)) or len(bounds) != 2
+                        or not all(isinstance(b, (int, float)) for b in bounds)
+                        or bounds[0] > bounds[1]):
+                    raise ConfigError(f"{where}: expected [low, high] with low <= high, "
+                                      f"got {bounds!r}")
+
+    def lookup(self, key: str) -> Any:
+        """The value at a key path such as ``learner.lr`` (None if there is no such key)."""
+        node: Any = self
+        for part in key.split("."):
+            if not dataclasses.is_dataclass(node) or not hasattr(node, part):
+                return None
+            node = getattr(node, part)
+        return node
+
+    @property
+    def batch_size(self) -> int:
+        """Samples in one trajectory (one learner task's batch)."""
+        return self.env.num_envs * self.rollout.steps
+
+

@@ -1,0 +1,215 @@
+"""What an asynchronous trainer submits next: the launch policy, without Dask.
+
+The driver of :mod:`dask_rl.runtime.driver` tells the policy what happened — a rollout
+finished (with a handle on its trajectory) or failed, a learner finished or failed, the
+cluster's size changed, the run is stopping, a recovery threw everything away — and asks
+:meth:`LaunchPolicy.decide` what to submit: rollouts on which slots, learners on which
+trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed dependencies):
+
+* **Learners on demand.** A learner is launched on each trajectory as it becomes ready, at
+  most ``max_learners`` at once; when no fresh trajectory waits, an off-policy algorithm replays
+  one from its :class:`~dask_rl.control.replay.TrajectoryReplay` (never while the run is
+  stopping).
+* **Rollouts never wait for learners**, except in two cases. *Backpressure*: while
+  ``max_ready`` trajectories already wait for a learner, finished slots stay idle instead of
+  growing an unbounded queue. *Synchronous rounds* (``synchronous``, the sync baseline): idle
+  slots are resubmitted together only once everything the round collected has been learned,
+  so the next round acts with the version the previous round's update produced.
+* **Slots follow the cluster.** :meth:`resize` adds idle slots or retires the highest ones
+  (their running tasks finish; they are not resubmitted).
+* **A round** is one trajectory learned per slot; :meth:`learner_done` says when one ended, so
+  the strategy can adapt (Stellaris' threshold decays per round).
+
+Handles are opaque (Dask futures in the driver, strings in the tests), so every decision is
+tested with scripted events, as ``AdaptiveCore`` is in distributed.
+
+Examples
+--------
+>>> policy = LaunchPolicy(slots=2, max_learners=1, max_ready=1)
+>>> policy.decide().rollouts
+[0, 1]
+>>> policy.rollout_done(0, "traj-a")
+>>> [launch.trajectory for launch in policy.decide().learners]
+['traj-a']
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from dask_rl.control.replay import TrajectoryReplay
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LearnerLaunch(Generic[T]):
+    """Launch a learner on ``trajectory``."""
+
+    trajectory: T
+    first_use: bool   # False: a replay of a trajectory already learned from
+    concurrent: int   # learners in flight once this one runs, itself included
+
+
+@dataclass
+class Launches(Generic[T]):
+    """What to submit now: rollouts on these slots, learners on these trajectories."""
+
+    rollouts: list[int] = field(default_factory=list)
+    learners: list[LearnerLaunch[T]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Discarded:
+    """What a stop or a recovery threw away: counted, never silently lost."""
+
+    trajectories: int   # ready (never learned) or taken by a learner that was cancelled
+    rollouts: int       # rollouts cancelled before they finished
+
+
+class LaunchPolicy(Generic[T]):
+    """Slots, ready trajectories and in-flight counts of one asynchronous trainer.
+
+    Parameters
+    ----------
+    slots
+        Rollout slots (one rollout task in flight each); 0 until the cluster has workers.
+    max_learners
+        Learner tasks allowed in flight at once.
+    max_ready
+        Trajectories allowed to wait for a learner before finished slots pause.
+    synchronous
+        Run rollouts in rounds gated on learning (the sync baseline's strategy).
+    replay
+        An off-policy algorithm's replay buffer, or None.
+    """
+
+    def __init__(self, *, slots: int, max_learners: int, max_ready: int,
+                 synchronous: bool = False, replay: TrajectoryReplay[T] | None = None):
+        if slots < 0 or max_learners < 1 or max_ready < 1:
+            raise ValueError(f"slots must be >= 0, max_learners and max_ready >= 1, got "
+                             f"{slots}, {max_learners}, {max_ready}")
+        self.slots = slots
+        self.max_learners = max_learners
+        self.max_ready = max_ready
+        self.synchronous = synchronous
+        self.replay = replay
+        self.idle: list[int] = list(range(slots))
+        self.running_slots: collections.Counter[int] = collections.Counter()
+        self.ready: collections.deque[T] = collections.deque()
+        self.learners: list[bool] = []  # first_use of each learner in flight
+        self.learned = 0
+        self.stopping = False
+        self.draining = False
+
+    # ---- events ----------------------------------------------------------------------------
+    def rollout_done(self, slot: int, trajectory: T) -> None:
+        """A rollout on ``slot`` finished; its trajectory waits for a learner."""
+        self._rollout_ended(slot)
+        self.ready.append(trajectory)
+
+    def rollout_failed(self, slot: int) -> None:
+        """A rollout on ``slot`` failed; the slot is free again."""
+        self._rollout_ended(slot)
+
+    def learner_done(self, first_use: bool) -> bool:
+        """A learner finished; True when that completed a round (one trajectory per slot)."""
+        self._learner_ended(first_use)
+        self.learned += 1
+        return self.slots > 0 and self.learned % self.slots == 0
+
+    def learner_failed(self, first_use: bool) -> None:
+        """A learner failed; its trajectory is not learned from (the caller counts it)."""
+        self._learner_ended(first_use)
+
+    def resize(self, slots: int) -> None:
+        """The cluster changed: ``slots`` rollout slots from now on."""
+        if slots < 0:
+            raise ValueError(f"slots must be >= 0, got {slots}")
+        if slots > self.slots:
+            self.idle.extend(range(self.slots, slots))
+        self.slots = slots
+        self.idle = [s for s in self.idle if s < slots]
+
+    def stop(self, *, drain: bool) -> None:
+        """Submit no more rollouts; with ``drain``, learn from everything collected first."""
+        self.stopping = True
+        self.draining = drain
+
+    def discard_all(self) -> Discarded:
+        """Everything in flight and waiting is gone (a recovery or the end of the run).
+
+        Slots whose rollouts were in flight are idle again; ready trajectories, trajectories
+        whose first learner was in flight, and the replay buffer are dropped.
+        """
+        gone = Discarded(trajectories=len(self.ready) + sum(self.learners),
+                         rollouts=sum(self.running_slots.values()))
+        self.idle = sorted({*self.idle, *(s for s in self.running_slots if s < self.slots)})
+        self.running_slots.clear()
+        self.ready.clear()
+        self.learners.clear()
+        if self.replay is not None:
+            self.replay.clear()
+        return gone
+
+    # ---- decisions -------------------------------------------------------------------------
+    def decide(self) -> Launches[T]:
+        """What to submit now; the policy counts it as in flight."""
+        launches: Launches[T] = Launches(learners=self._learners())
+        if not self.stopping and self._rollouts_may_run():
+            launches.rollouts, self.idle = self.idle, []
+            self.running_slots.update(launches.rollouts)
+        return launches
+
+    @property
+    def finished(self) -> bool:
+        """Stopping, and (when draining) nothing left to learn from."""
+        if not self.stopping:
+            return False
+        if self.draining:
+            return not (self.running_slots or self.learners or self.ready)
+        return True
+
+    @property
+    def rollouts_in_flight(self) -> int:
+        return sum(self.running_slots.values())
+
+    @property
+    def learners_in_flight(self) -> int:
+        return len(self.learners)
+
+    # ---- rules -----------------------------------------------------------------------------
+    def _rollouts_may_run(self) -> bool:
+        if self.synchronous:  # a round ends when everything it collected has been learned
+            return not (self.running_slots or self.learners or self.ready)
+        return len(self.ready) < self.max_ready
+
+    def _learners(self) -> list[LearnerLaunch[T]]:
+        out: list[LearnerLaunch[T]] = []
+        while len(self.learners) < self.max_learners:
+            if self.ready:
+                trajectory, first_use = self.ready.popleft(), True
+                if self.replay is not None:
+                    self.replay.add(trajectory)
+            elif self.replay is not None and not self.stopping:
+                replayed = self.replay.next()
+                if replayed is None:
+                    break
+                trajectory, first_use = replayed, False
+            else:
+                break
+            self.learners.append(first_use)
+            out.append(LearnerLaunch(trajectory, first_use, len(self.learners)))
+        return out
+
+    def _rollout_ended(self, slot: int) -> None:
+        self.running_slots[slot] -= 1
+        if self.running_slots[slot] <= 0:
+            del self.running_slots[slot]
+        if slot < self.slots:
+            self.idle.append(slot)
+
+    def _learner_ended(self, first_use: bool) -> None:
+        self.learners.remove(first_use)

@@ -1,0 +1,54 @@
+"""Small decisions a trainer takes as it goes: learning rate, learner seeds, evaluations."""
+
+from __future__ import annotations
+
+import numpy as np
+
+RECENT_EPISODES = 20   # episodes in the "recent return" the progress bar and the target use
+MIN_LR_FRACTION = 0.01
+
+
+def learning_rate(lr: float, *, anneal: bool, env_steps: int, total_env_steps: int) -> float:
+    """``lr``, or with ``anneal`` decayed linearly over the budget (CleanRL's schedule), to at
+    least 1% of it so that learners launched at the very end still move."""
+    if not anneal:
+        return lr
+    return lr * max(1.0 - env_steps / total_env_steps, MIN_LR_FRACTION)
+
+
+def learner_seed(run_seed: int, sequence: int) -> int:
+    """A reproducible, well-mixed seed for the ``sequence``-th learner task of a run."""
+    return int(np.random.SeedSequence([run_seed, 1, sequence]).generate_state(1)[0])
+
+
+class EvalSchedule:
+    """When to run a greedy evaluation.
+
+    Every ``every_updates`` updates (0: never periodically), and whenever the recent training
+    return reaches the target (over at least 5 episodes), at most once per update count and
+    one at a time.
+    """
+
+    def __init__(self, *, every_updates: int, target: float | None):
+        self.every_updates = every_updates
+        self.target = target
+        self.last_updates = -1
+
+    def due(self, *, updates: int, recent_return: float | None, recent_episodes: int,
+            running: bool) -> bool:
+        """Whether to start an evaluation now (it is then counted as started)."""
+        if running or updates == self.last_updates:
+            return False
+        periodic = (self.every_updates > 0
+                    and updates - max(self.last_updates, 0) >= self.every_updates)
+        at_target = (self.target is not None and recent_return is not None
+                     and recent_episodes >= min(RECENT_EPISODES, 5)
+                     and recent_return >= self.target)
+        if periodic or at_target:
+            self.last_updates = updates
+            return True
+        return False
+
+    def reset(self) -> None:
+        """After a recovery the version may repeat: evaluate it again."""
+        self.last_updates = -1

@@ -1,0 +1,1 @@
+"""Deployment artefacts: Kubernetes manifests for the dask-kubernetes operator (no Dask)."""

@@ -1,0 +1,172 @@
+"""What every driver shares: the run directory, metrics, checkpoints, progress, evaluations.
+
+:class:`Run` is the base of all drivers — the asynchronous learners' and ES's (through
+:class:`~dask_rl.runtime.trainer.Trainer`, which adds the parameter actor) and population-based
+training's. It opens the run directory (``metrics.jsonl``, whose records also go to the
+scheduler as Dask events for the ``/rl`` page, and the checkpoint store), keeps the counters
+every summary reports, records greedy evaluations (stopping a run that reached its target),
+runs the final evaluation, and reports progress.
+
+Notes
+-----
+Subclasses implement :meth:`Run.run`, which returns a
+:class:`~dask_rl.data.summary.RunSummary`.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from distributed import Client
+
+from dask_rl.checkpoint import CheckpointStore
+from dask_rl.config import PipelineConfig
+from dask_rl.control.schedule import RECENT_EPISODES
+from dask_rl.data import Evaluation, Progress
+from dask_rl.data.metrics import TOPIC, MetricsLog
+from dask_rl.data.summary import RunSummary
+from dask_rl.envs import reward_threshold
+from dask_rl.runtime.plugins import register_torch_sizeof
+
+logger = logging.getLogger(__name__)
+
+
+class Run(abc.ABC):
+    """Base of the drivers; :meth:`run` returns the summary.
+
+    Parameters
+    ----------
+    client
+        A connected ``distributed.Client``.
+    cfg
+        The validated pipeline.
+    run_dir
+        Where ``summary.json``, ``metrics.jsonl`` and ``checkpoints/`` go.
+    progress
+        Called with a :class:`~dask_rl.data.Progress` as training advances (the CLI's bar).
+    resume
+        Continue from the latest checkpoint in the run directory.
+    name
+        The run's name on the cluster (task keys, worker plugins, events).
+    """
+
+    def __init__(self, client: Client, cfg: PipelineConfig, run_dir: str | os.PathLike, *,
+                 progress: Callable[[Progress], None] | None = None, resume: bool = False,
+                 name: str | None = None):
+        self.client = client
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.resume = resume
+        self.run_name = name or f"dask-rl-{uuid.uuid4().hex[:8]}"
+        self.target = (cfg.stop.target_return if cfg.stop.target_return is not None
+                       else reward_threshold(cfg.env.id))
+        self.dashboard: str | None = None
+        # counters, checkpointed
+        self.env_steps = 0
+        self.updates = 0
+        self.evals = 0
+        self.wall_offset = 0.0
+        self.best_return: float | None = None
+        self.recoveries = 0
+        self.episodes = 0
+        self.returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
+        # live state
+        self.last_eval: Evaluation | None = None
+        self.stop_reason: str | None = None
+        self.t0 = time.time()
+
+    @abc.abstractmethod
+    def run(self) -> RunSummary:
+        """Train until a stop condition holds; the summary (``summary.json``)."""
+
+    def open_run(self, store_path: str | os.PathLike | None = None) -> None:
+        """Create the run directory, its metrics log and its checkpoint store."""
+        self.t0 = time.time()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        register_torch_sizeof()
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", sink=self._publish,
+                                  run=self.run_name)
+        self.store = CheckpointStore(store_path or self.run_dir / "checkpoints",
+                                     keep=self.cfg.checkpoint.keep)
+
+    def _publish(self, record: dict) -> None:
+        self.client.log_event(TOPIC, record)
+
+    # ---- counters ------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.time() - self.t0 + self.wall_offset
+
+    def steps_per_s(self, env_steps: int | None = None) -> float:
+        """Env steps per second of this session (a resumed run counts from its resume)."""
+        steps = self.env_steps if env_steps is None else env_steps
+        return steps / max(self.elapsed() - self.wall_offset, 1e-9)
+
+    def recent_return(self) -> float | None:
+        return float(np.mean(self.returns)) if self.returns else None
+
+    def budget_reason(self) -> str | None:
+        """``env_steps`` or ``wall_s`` once that budget is spent."""
+        stop = self.cfg.stop
+        if self.env_steps >= stop.env_steps:
+            return "env_steps"
+        if stop.wall_s is not None and self.elapsed() >= stop.wall_s:
+            return "wall_s"
+        return None
+
+    # ---- evaluations and progress --------------------------------------------------------------
+    def record_eval(self, result: Evaluation) -> None:
+        """A greedy evaluation came back: log it; stop if it reached the target."""
+        self.last_eval = result
+        ret = result.mean_return
+        self.best_return = ret if self.best_return is None else max(self.best_return, ret)
+        self.metrics.write("eval", {"env_steps": self.env_steps, "updates": self.updates,
+                                    "wall_s": self.elapsed(), **result.record()})
+        logger.info("greedy evaluation at %d steps (version %d): %.1f", self.env_steps,
+                    result.version, ret)
+        if (self.cfg.stop.solve_on_target and self.target is not None and ret >= self.target
+                and self.stop_reason is None):
+            self.stop_reason = "solved"
+
+    def final_evaluation(self, evaluate: Callable[[], Evaluation]) -> Evaluation:
+        """The evaluation the summary reports: the one that solved the run, or a new one."""
+        if self.stop_reason == "solved" and self.last_eval is not None:
+            return self.last_eval
+        result = evaluate()
+        self.record_eval(result)
+        return result
+
+    def report_progress(self, *, env_steps: int | None = None, total: int | None = None,
+                        recent_return: float | None = None, updates: int | None = None,
+                        steps_per_s: float | None = None,
+                        eval_return: float | None = None) -> None:
+        """Tell the progress callback where the run stands (defaults: this run's counters)."""
+        if self.progress is None:
+            return
+        last = self.last_eval.mean_return if self.last_eval is not None else None
+        self.progress(Progress(
+            env_steps=self.env_steps if env_steps is None else env_steps,
+            total=self.cfg.stop.env_steps if total is None else total,
+            recent_return=self.recent_return() if recent_return is None else recent_return,
+            updates=self.updates if updates is None else updates,
+            steps_per_s=self.steps_per_s() if steps_per_s is None else steps_per_s,
+            eval_return=last if eval_return is None else eval_return,
+            dashboard=self.dashboard))
+
+    def end(self, summary: RunSummary, *, omit: tuple[str, ...] = ()) -> RunSummary:
+        """Write the run's end record (the summary, less the ``omit`` keys); returns it."""
+        record = {k: v for k, v in summary.to_dict().items() if k not in omit}
+        self.metrics.write("run", {"event": "end", **record})
+        return summary
+
+    def close(self) -> None:
+        if hasattr(self, "metrics"):
+            self.metrics.close()

@@ -1,0 +1,172 @@
+"""The launch policy, driven by scripted events: no cluster, handles are strings."""
+
+import pytest
+
+from dask_rl.control.launch import LaunchPolicy
+from dask_rl.control.replay import TrajectoryReplay
+
+
+def _trajectories(launches):
+    return [(launch.trajectory, launch.first_use) for launch in launches.learners]
+
+
+def test_every_slot_starts_and_learners_are_launched_on_demand():
+    p = LaunchPolicy(slots=3, max_learners=2, max_ready=2)
+    first = p.decide()
+    assert first.rollouts == [0, 1, 2] and first.learners == []
+    assert p.decide().rollouts == []          # nothing is idle: nothing more to submit
+    p.rollout_done(1, "a")
+    d = p.decide()
+    assert _trajectories(d) == [("a", True)] and d.learners[0].concurrent == 1
+    assert d.rollouts == [1]                  # slot 1 runs again at once: nothing waits
+
+
+def test_learners_are_capped_and_the_rest_wait_ready():
+    p = LaunchPolicy(slots=4, max_learners=2, max_ready=8)
+    p.decide()
+    for slot, name in enumerate("abcd"):
+        p.rollout_done(slot, name)
+    d = p.decide()
+    assert _trajectories(d) == [("a", True), ("b", True)]
+    assert [launch.concurrent for launch in d.learners] == [1, 2]
+    assert list(p.ready) == ["c", "d"]
+    p.learner_done(True)
+    assert _trajectories(p.decide()) == [("c", True)]
+
+
+def test_backpressure_pauses_finished_slots_while_max_ready_wait():
+    p = LaunchPolicy(slots=3, max_learners=1, max_ready=2)
+    p.decide()
+    p.rollout_done(0, "a")
+    p.rollout_done(1, "b")
+    p.rollout_done(2, "c")
+    d = p.decide()                            # "a" goes to the one learner; b, c wait
+    assert _trajectories(d) == [("a", True)]
+    assert d.rollouts == [] and sorted(p.idle) == [0, 1, 2]
+    p.learner_done(True)
+    d = p.decide()                            # "b" leaves the queue: one waits, below the cap
+    assert _trajectories(d) == [("b", True)] and d.rollouts == [0, 1, 2]
+
+
+def test_synchronous_rounds_wait_until_everything_collected_is_learned():
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=2, synchronous=True)
+    assert p.decide().rollouts == [0, 1]
+    p.rollout_done(0, "a")
+    d = p.decide()
+    assert _trajectories(d) == [("a", True)] and d.rollouts == []  # slot 1 still collecting
+    p.rollout_done(1, "b")
+    d = p.decide()
+    assert _trajectories(d) == [("b", True)] and d.rollouts == []  # learners still running
+    p.learner_done(True)
+    assert p.decide().rollouts == []
+    assert p.learner_done(True) is True       # two learned with two slots: a round ended
+    assert p.decide().rollouts == [0, 1]      # the next round starts together
+
+
+def test_a_round_is_one_trajectory_learned_per_slot():
+    p = LaunchPolicy(slots=3, max_learners=3, max_ready=3)
+    p.decide()
+    for slot, name in enumerate("abc"):
+        p.rollout_done(slot, name)
+    p.decide()
+    assert [p.learner_done(True) for _ in range(3)] == [False, False, True]
+
+
+def test_slots_grow_and_shrink_with_the_cluster():
+    p = LaunchPolicy(slots=2, max_learners=1, max_ready=4)
+    p.decide()
+    p.resize(4)
+    assert p.decide().rollouts == [2, 3]      # new slots start
+    p.resize(2)
+    p.rollout_done(3, "d")                    # a retired slot's rollout finishes...
+    p.rollout_done(0, "a")
+    assert p.decide().rollouts == [0]         # ...and is not resubmitted
+    p.rollout_failed(2)
+    assert p.decide().rollouts == []          # nor after a failure
+    with pytest.raises(ValueError):
+        p.resize(-1)
+
+
+def test_a_run_may_start_before_the_cluster_has_workers():
+    p = LaunchPolicy(slots=0, max_learners=1, max_ready=1)
+    assert p.decide().rollouts == []
+    p.resize(2)
+    assert p.decide().rollouts == [0, 1]
+
+
+def test_replay_fills_idle_learners_up_to_k_uses_newest_first():
+    replay = TrajectoryReplay(replay=3, capacity=2)
+    p = LaunchPolicy(slots=1, max_learners=2, max_ready=1, replay=replay)
+    p.decide()
+    p.rollout_done(0, "a")
+    d = p.decide()
+    assert _trajectories(d) == [("a", True), ("a", False)]  # a fresh learner, then a replay
+    p.learner_done(True)
+    p.learner_done(False)
+    p.rollout_done(0, "b")
+    assert _trajectories(p.decide()) == [("b", True), ("b", False)]
+    p.learner_done(True)
+    p.learner_done(False)
+    # each has one use left: the newest is replayed first
+    assert _trajectories(p.decide()) == [("b", False), ("a", False)]
+    p.learner_done(False)
+    p.learner_done(False)
+    assert p.decide().learners == []          # everything replayed K times
+
+
+def test_replay_keeps_only_the_newest_trajectories():
+    replay = TrajectoryReplay(replay=2, capacity=2)
+    for name in "abc":
+        replay.add(name)
+    assert [h for h, _ in replay.items()] == ["b", "c"]
+    assert replay.next() == "c" and replay.next() == "b" and replay.next() is None
+
+
+def test_no_replay_once_stopping_and_draining_learns_everything_collected():
+    replay = TrajectoryReplay(replay=4, capacity=4)
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=2, replay=replay)
+    p.decide()
+    p.rollout_done(0, "a")
+    p.stop(drain=True)
+    d = p.decide()
+    assert _trajectories(d) == [("a", True)] and d.rollouts == []   # no replay, no rollouts
+    assert not p.finished                      # slot 1 still collecting, a learner running
+    p.rollout_done(1, "b")
+    assert _trajectories(p.decide()) == [("b", True)]
+    p.learner_done(True)
+    assert not p.finished
+    p.learner_done(True)
+    assert p.finished
+
+
+def test_a_stop_without_draining_finishes_at_once():
+    p = LaunchPolicy(slots=2, max_learners=1, max_ready=1)
+    p.decide()
+    assert not p.finished
+    p.stop(drain=False)
+    assert p.finished
+
+
+def test_discarding_counts_what_is_thrown_away_and_frees_the_slots():
+    replay = TrajectoryReplay(replay=2, capacity=4)
+    p = LaunchPolicy(slots=3, max_learners=1, max_ready=1, replay=replay)
+    p.decide()
+    p.rollout_done(0, "a")
+    p.rollout_done(1, "b")
+    d = p.decide()                             # a: learner in flight; b: ready; slot 2 running
+    assert d.rollouts == []                    # (b waiting holds slots 0 and 1 back)
+    gone = p.discard_all()
+    assert gone.trajectories == 2              # b never learned, a's first learner cancelled
+    assert gone.rollouts == 1                  # slot 2 was collecting
+    assert len(replay) == 0 and not p.ready
+    assert p.decide().rollouts == [0, 1, 2]    # every slot starts again
+
+
+def test_a_replayed_learner_lost_costs_no_trajectory():
+    replay = TrajectoryReplay(replay=2, capacity=4)
+    p = LaunchPolicy(slots=1, max_learners=2, max_ready=1, replay=replay)
+    p.decide()
+    p.rollout_done(0, "a")
+    p.decide()                                 # "a" fresh and "a" replayed
+    p.learner_failed(False)
+    assert p.discard_all().trajectories == 1   # only the first use counts

@@ -1,0 +1,51 @@
+"""The run's small decisions: evaluation schedule, learning-rate annealing, accounting."""
+
+import pytest
+
+from dask_rl.control.accounting import Accounting, ema
+from dask_rl.control.schedule import EvalSchedule, learner_seed, learning_rate
+
+
+def test_evaluations_come_every_n_updates_one_at_a_time():
+    s = EvalSchedule(every_updates=50, target=None)
+    due = [u for u in range(0, 200, 10)
+           if s.due(updates=u, recent_return=None, recent_episodes=0, running=False)]
+    assert due == [50, 100, 150]
+    assert not s.due(updates=200, recent_return=None, recent_episodes=0, running=True)
+    assert s.due(updates=200, recent_return=None, recent_episodes=0, running=False)
+
+
+def test_an_evaluation_comes_when_the_training_return_reaches_the_target():
+    s = EvalSchedule(every_updates=0, target=475.0)
+    assert not s.due(updates=3, recent_return=480.0, recent_episodes=4, running=False)
+    assert s.due(updates=3, recent_return=480.0, recent_episodes=5, running=False)
+    assert not s.due(updates=3, recent_return=480.0, recent_episodes=5, running=False)
+    assert not s.due(updates=4, recent_return=400.0, recent_episodes=20, running=False)
+    s.reset()  # after a recovery the same version is evaluated again
+    assert s.due(updates=3, recent_return=480.0, recent_episodes=5, running=False)
+
+
+def test_learning_rate_anneals_linearly_to_a_floor():
+    assert learning_rate(1e-3, anneal=False, env_steps=900, total_env_steps=1000) == 1e-3
+    assert learning_rate(1e-3, anneal=True, env_steps=250, total_env_steps=1000) == \
+        pytest.approx(0.75e-3)
+    assert learning_rate(1e-3, anneal=True, env_steps=2000, total_env_steps=1000) == \
+        pytest.approx(1e-5)
+
+
+def test_learner_seeds_differ_per_task_and_repeat_per_run():
+    assert learner_seed(1, 5) == learner_seed(1, 5)
+    assert len({learner_seed(1, i) for i in range(100)}) == 100
+    assert learner_seed(1, 5) != learner_seed(2, 5)
+
+
+def test_accounting_counts_a_replay_once():
+    a = Accounting()
+    a.rollout_finished(512)
+    a.learner_finished(first_use=True, task_s=0.2, collect_s=0.1, trajectory_bytes=100)
+    a.learner_finished(first_use=False, task_s=0.4, collect_s=0.1, trajectory_bytes=100)
+    assert a.trajectories_produced == a.trajectories_consumed == 1
+    assert a.trajectory_bytes == 100 and a.rollout_busy_s == pytest.approx(0.1)
+    assert a.learner_busy_s == pytest.approx(0.6)
+    assert a.learner_s == pytest.approx(0.8 * 0.2 + 0.2 * 0.4)
+    assert ema(0.0, 3.0) == 3.0
