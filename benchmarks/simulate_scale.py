@@ -99,11 +99,21 @@ def simulate(strategy: str, n: int, *, horizon: float, lr: float, service_s: flo
             versions[s.version] = x.copy()
             updates += 1
 
+    blocked: list[int] = []  # learners a read gate (SSP) has not admitted yet
+
     def start(learner: int, now: float) -> None:
+        if not s.admit(f"L{learner}"):
+            blocked.append(learner)
+            return
         held[learner] = s.version
         s.on_learner_started(f"L{learner}", s.version)
         latency = rng.lognormal(mean=-0.32, sigma=0.8)  # mean ~1
         heapq.heappush(events, (now + latency, learner))
+
+    def retry_blocked(now: float) -> None:
+        waiting, blocked[:] = list(blocked), []
+        for b in waiting:
+            start(b, now)
 
     for i in range(n):
         start(i, 0.0)
@@ -151,6 +161,7 @@ def simulate(strategy: str, n: int, *, horizon: float, lr: float, service_s: flo
             for other in np.flatnonzero(~active)[:4]:
                 active[other] = True
                 start(int(other), t)
+        retry_blocked(max(begin + service_s, t))
         if gid % n == 0:  # a round: about one gradient per learner
             s.on_round_end()
     values = np.asarray(applied_staleness)
@@ -161,7 +172,9 @@ def simulate(strategy: str, n: int, *, horizon: float, lr: float, service_s: flo
             "staleness_p99": float(np.percentile(values, 99)) if len(values) else 0.0,
             "staleness_max": int(values.max()) if len(values) else 0,
             "actor_wait_mean": float(np.mean(waits)) if waits else 0.0,
-            "final_error": problem.error(x) / start_error}
+            "final_error": problem.error(x) / start_error,
+            "strategy_metrics": {k: v for k, v in s.metrics().items()
+                                 if not isinstance(v, list)}}
 
 
 def measure_service_time(size: int, repeats: int = 200) -> float:

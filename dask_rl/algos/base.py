@@ -63,8 +63,10 @@ class Needs:
 class Batch:
     """One trajectory flattened over ``[T, N]`` into tensors, ready for minibatches.
 
-    ``target_logp`` is set when the algorithm keeps a target network; ``cross_ratio_min`` by the
-    learner when Stellaris' importance-sampling truncation is on.
+    ``target_logp`` is set when the algorithm keeps a target network. ``ratio_logp`` is the log
+    of the denominator of the algorithm's importance ratio ``r = pi_theta / D`` when it is not
+    the behaviour policy ``mu`` (IMPACT's); the learner measures other learners' policies
+    against the same ``D`` for Stellaris' truncation and sets ``cross_ratio_min``.
     """
 
     obs: torch.Tensor
@@ -74,7 +76,13 @@ class Batch:
     returns: torch.Tensor       # value targets
     values: torch.Tensor        # V(s) when the batch was prepared
     target_logp: torch.Tensor | None = None
+    ratio_logp: torch.Tensor | None = None
     cross_ratio_min: torch.Tensor | None = None
+
+    @property
+    def denominator_logp(self) -> torch.Tensor:
+        """``log D`` of the algorithm's ratio ``pi_theta / D`` (``log mu`` unless set)."""
+        return self.logp if self.ratio_logp is None else self.ratio_logp
 
     def __len__(self) -> int:
         return int(self.advantages.shape[0])

@@ -1,18 +1,33 @@
 """IMPACT (Luo et al., ICLR'20): PPO-style clipping made safe for asynchronous learners.
 
-Three policies meet in a batch: the behaviour policy ``mu`` that acted, a *target* policy
-``pi_target`` (a copy of the parameters the parameter actor refreshes every
-``target_update_every`` updates), and the learner's current ``pi_theta``. The surrogate clips
-the ratio ``pi_theta / pi_target`` — the target moves slowly, so clipping stays meaningful
-however stale the behaviour data — and weights it with the truncated importance ratio
-``w = min(pi_target / mu, target_is_clip)`` (RLlib APPO's form)::
+Three policies meet in a batch: the behaviour policy ``mu`` of the worker that acted, a
+*target* policy ``pi_target`` (a copy of the parameters the parameter actor refreshes every
+``target_update_every`` updates) and the learner's current ``pi_theta``. IMPACT's objective
+(Sec. 3.1, "the IMPACT objective"; the form of the authors' own implementation, RLlib's APPO,
+which cites that section) clips the ratio to the *target* network, with the target-to-worker
+importance ratio truncated at ``rho = target_is_clip``::
 
-    r    = w * pi_theta / pi_target
-    L_pi = -mean(min(A r, A clip(r, 1 - eps, 1 + eps)))
+    r_t  = min(mu / pi_target, rho) * pi_theta / mu
+    L_pi = -mean(min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t))
 
-Advantages and value targets come from V-trace between the target and the behaviour policy
-(:mod:`dask_rl.algos.vtrace`). The runtime keeps the target network and replays each batch
-up to ``replay`` times from a circular buffer, because :attr:`IMPACT.needs` asks for both.
+While ``mu / pi_target <= rho`` this is ``r_t = pi_theta / pi_target``: the trust region is
+around the slowly moving target, so it stays meaningful however stale the behaviour data
+(clipping ``pi_theta / mu`` instead, a trust region around the stale behaviour policy, was
+this module's defect until the fix). Where the worker's policy is far likelier than the
+target's (``mu / pi_target > rho``) the ratio is damped to ``rho * pi_theta / mu``.
+``A_t`` and the value targets come from V-trace between the target and the behaviour policy
+(:mod:`dask_rl.algos.vtrace`, with ``min(rho_bar, pi_target / mu)`` truncation), and the value
+loss is ``0.5 (V - v_s)^2``. The runtime keeps the target network and replays each batch up to
+``replay`` times from a circular buffer, because :attr:`IMPACT.needs` asks for both.
+
+The equation number of the objective in arXiv 1912.00167 could not be checked offline; the
+section and the authors' implementation are the references.
+
+Deviations, both shared with this package's PPO: advantages are normalised per minibatch
+(``norm_adv``, CleanRL's practice; neither the paper nor APPO does it), and the V-trace targets
+are computed once per batch under the critic the learner starts from (APPO recomputes them
+every step under the current critic) — a learner's local epochs see fixed targets, as PPO's
+see fixed GAE advantages.
 """
 
 from __future__ import annotations
@@ -25,7 +40,7 @@ import torch
 
 from dask_rl.algos import ppo
 from dask_rl.algos.base import Batch, LearnerAlgorithm, Needs
-from dask_rl.algos.ppo import clipped_surrogate, normalize, truncated_ratio
+from dask_rl.algos.ppo import clipped_surrogate, normalize, truncation_stats, truncation_weight
 from dask_rl.algos.vtrace import vtrace
 from dask_rl.config.schema import AlgoConfig, option
 from dask_rl.data import Trajectory
@@ -40,11 +55,20 @@ class IMPACTConfig(AlgoConfig):
     ent_coef: float = option(0.01, "entropy bonus coefficient", ge=0)
     rho_bar: float = option(1.0, "V-trace rho-bar truncation", gt=0)
     c_bar: float = option(1.0, "V-trace c-bar truncation", gt=0)
+    gae_lambda: float = option(1.0, "lambda of V-trace(lambda) (IMPALA Remark 2; IMPACT's "
+                                    "V-GAE): c_i = lambda min(c_bar, pi/mu); 1: plain V-trace",
+                               ge=0, le=1)
     target_is_clip: float = option(2.0, "truncation of the behaviour->target IS ratio", gt=0)
     target_update_every: int = option(2, "refresh the target network every N updates", ge=1)
     replay: int = option(2, "times each batch is replayed from the circular buffer (K)", ge=1)
     buffer_size: int = option(8, "trajectories kept in the circular buffer", ge=1)
     norm_adv: bool = option(True, "normalise advantages per minibatch")
+
+
+def denominator_logp(logp: torch.Tensor, target_logp: torch.Tensor,
+                     rho: float) -> torch.Tensor:
+    """``log D`` with ``r = pi_theta / D``: ``D = mu / min(mu / pi_target, rho)``."""
+    return logp - torch.clamp(logp - target_logp, max=float(np.log(rho)))
 
 
 class IMPACT(LearnerAlgorithm):
@@ -72,18 +96,21 @@ class IMPACT(LearnerAlgorithm):
         target_logp = np.asarray(target_logp, np.float32).reshape(T, N)
         log_rhos = target_logp - traj.behaviour_logp
         vs, pg_adv = vtrace(log_rhos, rewards, values_, nv, traj.terminated | traj.truncated,
-                            cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
+                            cfg.gamma, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
+                            lam=cfg.gae_lambda)
         actions = torch.as_tensor(traj.actions, device=device)
 
         def flat(x: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(np.ascontiguousarray(x, np.float32),
                                    device=device).reshape(-1)
 
+        logp, tgt = flat(traj.behaviour_logp), flat(target_logp)
         return Batch(
             obs=flat_obs,
             actions=actions.reshape(T * N, *actions.shape[2:]),
-            logp=flat(traj.behaviour_logp),
-            target_logp=flat(target_logp),
+            logp=logp,
+            target_logp=tgt,
+            ratio_logp=denominator_logp(logp, tgt, cfg.target_is_clip),
             advantages=flat(pg_adv),
             returns=flat(vs),
             values=flat(values_),
@@ -94,21 +121,25 @@ class IMPACT(LearnerAlgorithm):
         """IMPACT loss on one minibatch: ``(loss, stats)``."""
         cfg = self.cfg
         assert mb.target_logp is not None, "IMPACT batches carry the target's log-probabilities"
+        log_d = denominator_logp(mb.logp, mb.target_logp, cfg.target_is_clip)
         dist, newvalue = model(mb.obs)
         newlogp = dist.log_prob(mb.actions)
         entropy = dist.entropy().mean()
-        is_weight = torch.clamp((mb.target_logp - mb.logp).exp(), max=cfg.target_is_clip)
-        logratio = newlogp - mb.target_logp
-        ratio = truncated_ratio(logratio.exp(), mb.cross_ratio_min, is_rho)
+        logratio = newlogp - log_d
+        ratio = logratio.exp()
+        weight = None if mb.cross_ratio_min is None else truncation_weight(
+            ratio, mb.cross_ratio_min, is_rho)
         with torch.no_grad():
-            approx_kl = (((logratio.exp()) - 1) - logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+            target_weight = (mb.logp - log_d).exp()  # min(mu / pi_target, rho)
         advantages = normalize(mb.advantages) if cfg.norm_adv else mb.advantages
-        pg_loss = clipped_surrogate(is_weight * ratio, advantages, cfg.clip_coef)
+        pg_loss = clipped_surrogate(logratio, advantages, cfg.clip_coef, weight)
         v_loss = 0.5 * ((newvalue - mb.returns) ** 2).mean()
         total = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
         stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
                  "losses/entropy": entropy.item(), "losses/approx_kl": approx_kl.item(),
                  "losses/clipfrac": clipfrac.item(),
-                 "losses/is_weight": is_weight.mean().item()}
+                 "losses/target_weight": target_weight.mean().item(),
+                 **truncation_stats(ratio, weight)}
         return total, stats

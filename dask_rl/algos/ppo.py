@@ -76,12 +76,27 @@ def normalize(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return (x - x.mean()) / (x.std() + eps)
 
 
-def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor,
-                      clip_coef: float) -> torch.Tensor:
-    """The PPO-clip policy loss: ``mean(max(-A r, -A clip(r, 1-eps, 1+eps)))``."""
-    pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
-    return torch.max(pg_loss1, pg_loss2).mean()
+def clipped_surrogate(logratio: torch.Tensor, advantages: torch.Tensor, clip_coef: float,
+                      weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The PPO-clip policy loss ``-mean(min(r A, clip(r, 1-eps, 1+eps) A))`` with
+    ``r = exp(logratio)`` (Schulman et al. 2017, Eq. 7), optionally with a per-sample
+    importance weight (Stellaris' truncation).
+
+    ``weight`` (detached, see :func:`truncation_weight`) replaces ``r`` as the importance weight
+    of a sample's policy gradient where the unclipped term is the minimum: that term becomes
+    ``weight * A * exp(log r - sg(log r))``, whose value is ``weight * A`` and whose gradient is
+    ``weight * A * grad log pi`` — the truncated policy gradient of Stellaris. Where PPO's
+    clipped term is the minimum, the sample has no gradient, as in PPO. (Written without
+    dividing by ``r``, so an extreme ratio that under- or overflows gives no NaN.)
+    """
+    ratio = logratio.exp()
+    clipped = torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages
+    unclipped = ratio * advantages
+    if weight is None:
+        return -torch.min(unclipped, clipped).mean()
+    use_clipped = (clipped < unclipped).detach()
+    weighted = weight * advantages * (logratio - logratio.detach()).exp()
+    return -torch.where(use_clipped, clipped, weighted).mean()
 
 
 def value_loss(newvalue: torch.Tensor, oldvalue: torch.Tensor, returns: torch.Tensor,
@@ -95,29 +110,34 @@ def value_loss(newvalue: torch.Tensor, oldvalue: torch.Tensor, returns: torch.Te
     return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
 
 
-def truncated_ratio(ratio: torch.Tensor, cross_ratio_min: torch.Tensor | None,
-                    rho: float) -> torch.Tensor:
-    """Stellaris' global importance-sampling truncation, applied to PPO's ratio.
+def truncation_weight(ratio: torch.Tensor, cross_ratio_min: torch.Tensor,
+                      rho: float) -> torch.Tensor:
+    """Stellaris' global importance-sampling truncation (Yu et al., SC'24, "Importance Sampling
+    Truncated Trajectory Processing"):
+    ``R' = min(|min_i pi_theta_i(a|s) / mu(a|s)|, rho)`` over all active learners' current
+    policies, this learner's own ratio ``r`` included, detached.
 
-    ``cross_ratio_min`` is ``min_i pi_theta_i(a|s) / mu(a|s)`` over the policies of the other
-    learners active when this batch is learned (detached; ``mu`` is the behaviour policy). The
-    ratio used in the clipped surrogate becomes ``min(r, max(min_i r_i, rho))``.
-
-    Why this form. The paper writes ``R' = min(|min_i r_i|, rho)`` over all learners. Used
-    literally as PPO's ratio, with this learner among the ``i`` and ``rho = 1``, it caps every
-    ratio at 1: no action could ever become likelier than under the behaviour policy, and
-    positive advantages would stop paying. The released code's form, used here, keeps the
-    paper's intent — no learner may drift from the behaviour policy in a direction the others
-    do not follow — without that stall: where another concurrent learner made an action less
-    likely (``min_i r_i < rho``), this learner may not make it likelier than ``rho`` times the
-    behaviour probability; elsewhere it may go as far as the most conservative other learner
-    (and PPO's clipping still applies). With no other learner active, or truncation off, this is
-    plain PPO.
+    ``cross_ratio_min`` is the minimum over the *other* learners, each measured against the
+    same denominator as ``ratio`` (the behaviour policy for PPO; IMPACT's, see
+    :attr:`~dask_rl.algos.base.Batch.ratio_logp`, so that ``R'`` caps the ratio IMPACT's
+    surrogate actually uses rather than one it never sees). :func:`clipped_surrogate` uses
+    ``R'`` as the
+    sample's importance weight, so a sample whose ratio exceeds the cap keeps a gradient (of
+    weight ``R'``) — a bad action made likelier is still pushed down — while the weight never
+    exceeds ``rho`` nor any learner's ratio. Deviation from the released code (``min(r,
+    max(min_i r_i, rho))`` as the ratio itself): that form has no gradient wherever ``r`` is
+    above its cap, including negative-advantage samples PPO must push down.
     """
-    if cross_ratio_min is None:
-        return ratio
-    cap = torch.clamp(cross_ratio_min, min=rho)
-    return torch.min(ratio, cap)
+    return torch.clamp(torch.min(ratio, cross_ratio_min).abs(), max=rho).detach()
+
+
+@torch.no_grad()
+def truncation_stats(ratio: torch.Tensor, weight: torch.Tensor | None) -> dict[str, float]:
+    """How much the truncation changed: the share of samples whose weight is below ``r``."""
+    if weight is None:
+        return {}
+    return {"losses/is_truncated_frac": (weight < ratio - 1e-7).float().mean().item(),
+            "losses/is_weight_mean": weight.mean().item()}
 
 
 @torch.no_grad()
@@ -143,8 +163,9 @@ class PPO(LearnerAlgorithm):
     ``L^CLIP`` of Eq. 7) on GAE advantages (Eq. 11-12; Schulman et al. 2016, Eq. 16).
 
     Deviations, as in CleanRL's ``ppo.py``: the value loss is clipped around the behaviour
-    values (``clip_vloss``), advantages are normalised per minibatch (``norm_adv``), and the
-    ratio may be truncated across concurrent learners (Stellaris, :func:`truncated_ratio`).
+    values (``clip_vloss``), advantages are normalised per minibatch (``norm_adv``), and with
+    ``learner.is_truncation`` each sample's importance weight is Stellaris' ``R'``
+    (:func:`truncation_weight`).
     """
 
     name = "ppo"
@@ -187,15 +208,16 @@ class PPO(LearnerAlgorithm):
         with torch.no_grad():
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
-        ratio = truncated_ratio(ratio, mb.cross_ratio_min, is_rho)
+        weight = None if mb.cross_ratio_min is None else truncation_weight(
+            ratio, mb.cross_ratio_min, is_rho)
         mb_advantages = normalize(mb.advantages) if cfg.norm_adv else mb.advantages
-        pg_loss = clipped_surrogate(ratio, mb_advantages, cfg.clip_coef)
+        pg_loss = clipped_surrogate(logratio, mb_advantages, cfg.clip_coef, weight)
         v_loss = value_loss(newvalue, mb.values, mb.returns,
                             cfg.clip_coef if cfg.clip_vloss else None)
         total = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
         stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
                  "losses/entropy": entropy.item(), "losses/approx_kl": approx_kl.item(),
-                 "losses/clipfrac": clipfrac.item()}
+                 "losses/clipfrac": clipfrac.item(), **truncation_stats(ratio, weight)}
         return total, stats
 
     def stop_epochs(self, epoch_stats: list[dict[str, float]]) -> bool:

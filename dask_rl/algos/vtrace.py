@@ -1,6 +1,8 @@
-"""V-trace off-policy targets (Espeholt et al., IMPALA, 2018), time-major ``[T, N]``.
+"""V-trace off-policy targets (Espeholt et al., IMPALA, ICML 2018), time-major ``[T, N]``.
 
-With importance ratios ``rho_t = min(rho_bar, pi/mu)`` and ``c_t = min(c_bar, pi/mu)``:
+The n-step V-trace target of Sec. 4.1, Eq. (1), in its recursive form (Remark 1), and the
+policy-gradient advantage of Sec. 4.2, with importance ratios ``rho_t = min(rho_bar, pi/mu)``
+and ``c_t = min(c_bar, pi/mu)``:
 
     delta_t   = rho_t (r_t + gamma V(x_{t+1}) - V(x_t))
     v_s       = V(x_s) + delta_s + gamma c_s (v_{s+1} - V(x_{s+1}))
@@ -9,7 +11,8 @@ With importance ratios ``rho_t = min(rho_bar, pi/mu)`` and ``c_t = min(c_bar, pi
 Episode ends cut the recursion; ``next_values`` carries the bootstrap (0 after termination,
 V(final obs) after truncation, V(last obs) at the end of the trajectory), as in
 :func:`dask_rl.algos.ppo.next_values`. On-policy (all ratios 1) ``v_s`` is the n-step return
-to the end of the trajectory or episode.
+to the end of the trajectory or episode, and with ``lam`` (Remark 2,
+``c_i = lambda min(c_bar, pi/mu)``) the TD(lambda) return, i.e. ``V + GAE(lambda)``.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ import numpy as np
 
 def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray,
            next_values: np.ndarray, episode_end: np.ndarray, gamma: float, *,
-           rho_bar: float = 1.0, c_bar: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """``(vs, pg_advantages)`` for log importance ratios ``log(pi / mu)``."""
+           rho_bar: float = 1.0, c_bar: float = 1.0,
+           lam: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """``(vs, pg_advantages)`` for log importance ratios ``log(pi / mu)``.
+
+    ``lam`` is Remark 2's ``lambda``: ``c_i = lambda * min(c_bar, pi/mu)`` (V-trace(lambda),
+    TD(lambda) on-policy; IMPACT's V-GAE).
+    """
     ratios = np.exp(log_rhos)
     rhos = np.minimum(rho_bar, ratios)
-    cs = np.minimum(c_bar, ratios)
+    cs = lam * np.minimum(c_bar, ratios)
     not_end = 1.0 - episode_end.astype(values.dtype)
     deltas = rhos * (rewards + gamma * next_values - values)
     vs_minus_v = np.zeros_like(values)

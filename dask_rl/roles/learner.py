@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ from dask_rl.data import LearnerUpdate, PolicySnapshot, Trajectory
 from dask_rl.envs import is_atari
 from dask_rl.models import flatten_, load_snapshot, make_model, resolve_device
 from dask_rl.models.normalizer import mean_var
+
+#: Publish this learner's flat parameters; returns the other active learners' current ones.
+Exchange = Callable[[np.ndarray], "list[np.ndarray]"]
 
 
 class Learner:
@@ -48,9 +52,11 @@ class Learner:
         self.device = device if isinstance(device, torch.device) else resolve_device(
             device or cfg.learner.device)
         self.algorithm = self._algorithm(None)
+        self.spaces = (obs_space, action_space)
         self.model = make_model(obs_space, action_space, cfg.model,
                                 normalize_obs=cfg.env.normalize_obs).to(self.device)
         self.flat, self.grad = flatten_(self.model)
+        self._peer: torch.nn.Module | None = None  # evaluates other learners' policies
         self.clip_rewards = is_atari(cfg.env.id) and cfg.env.clip_rewards
 
     def rewards(self, traj: Trajectory, snapshot: PolicySnapshot) -> np.ndarray:
@@ -73,12 +79,19 @@ class Learner:
         return algorithm
 
     def update(self, snapshot: PolicySnapshot, traj: Trajectory, *, lr: float,
-               seed: int, cross_policies: list[PolicySnapshot] | None = None,
+               seed: int, exchange: Exchange | None = None,
                algo_overrides: dict | None = None) -> LearnerUpdate:
         """Local epochs on ``traj`` from ``snapshot``; returns the parameter delta.
 
-        ``algo_overrides`` replaces algorithm hyperparameters for this update (population-based
-        training gives each member its own).
+        ``exchange`` turns on Stellaris' global importance-sampling truncation: before each
+        epoch the learner hands it its current local parameters and gets back the current
+        parameters of the other learners computing now (the parameter actor keeps them), and
+        measures each of their policies on the batch (one forward pass per other learner per
+        epoch). Approximations, for cost: "current" is as of the other learner's last epoch
+        start, and their policies are evaluated with this learner's observation statistics
+        (those of the version it pulled). ``algo_overrides`` replaces algorithm
+        hyperparameters for this update (population-based training gives each member its
+        own).
         """
         t0 = time.perf_counter()
         lcfg = self.cfg.learner
@@ -90,10 +103,6 @@ class Learner:
         load_snapshot(model, snapshot)
         batch = algorithm.prepare(traj, model, device=self.device,
                                   rewards=self.rewards(traj, snapshot), target_logp=target_logp)
-        if cross_policies:
-            batch.cross_ratio_min = self._cross_ratio_min(batch, cross_policies,
-                                                          snapshot.version)
-            load_snapshot(model, snapshot)
         model.train()
         optimizer = Adam(flat, eps=lcfg.adam_eps)
         if snapshot.opt_state is not None:
@@ -105,7 +114,10 @@ class Learner:
         epoch_stats: list[dict] = []
         epochs_run = 0
         finite = True
+        cross = CrossStats()
         for _ in range(lcfg.epochs):
+            if exchange is not None:
+                batch.cross_ratio_min = self._exchange(exchange, batch, snapshot, cross)
             perm = torch.randperm(size, generator=generator).to(self.device)
             epoch_stats = []
             for k in range(lcfg.minibatches):
@@ -116,6 +128,9 @@ class Learner:
                     break
                 grad.zero_()
                 loss.backward()
+                if not torch.isfinite(grad).all():
+                    finite = False
+                    break
                 if lcfg.max_grad_norm > 0:
                     clip_grad_norm(grad, lcfg.max_grad_norm)
                 with torch.no_grad():
@@ -133,6 +148,8 @@ class Learner:
         stats["learner/samples"] = size
         stats["learner/time_s"] = time.perf_counter() - t0
         stats["learner/update_norm"] = float(np.linalg.norm(delta))
+        if exchange is not None:
+            stats.update(cross.record())
         opt_state = {"m": optimizer.m.cpu().numpy().copy(), "v": optimizer.v.cpu().numpy().copy(),
                      "t": optimizer.t}
         return LearnerUpdate(delta=delta.astype(np.float32, copy=False),
@@ -152,20 +169,57 @@ class Learner:
         return dist.log_prob(actions.reshape(n, *actions.shape[2:])).cpu().numpy()
 
     @torch.no_grad()
-    def _cross_ratio_min(self, batch: Batch, policies: list[PolicySnapshot],
-                         loaded_version: int | None = None) -> torch.Tensor:
-        """``min_i pi_theta_i(a|s) / mu(a|s)`` over the other active learners' policies.
+    def _exchange(self, exchange: Exchange, batch: Batch, snapshot: PolicySnapshot,
+                  cross: "CrossStats") -> torch.Tensor | None:
+        """Publish this learner's current parameters, get the others', and measure them."""
+        t0 = time.perf_counter()
+        # a copy: in-process the actor keeps the array, and this buffer goes on changing
+        others = exchange(self.flat.detach().cpu().numpy().copy())
+        cross.exchanges += 1
+        cross.bytes += self.flat.numel() * 4 * (1 + len(others))
+        cross.exchange_s += time.perf_counter() - t0
+        cross.policies = max(cross.policies, len(others))
+        if not others:
+            return None
+        t1 = time.perf_counter()
+        ratio_min = self._cross_ratio_min(batch, others, snapshot.moments)
+        cross.forward_passes += len(others)
+        cross.forward_s += time.perf_counter() - t1
+        return ratio_min
 
-        Learners holding ``loaded_version`` (the one in the network now) cost no reload.
-        """
-        model = self.model
+    @torch.no_grad()
+    def _cross_ratio_min(self, batch: Batch, params: list[np.ndarray],
+                         moments: dict | None = None) -> torch.Tensor:
+        """``min_i pi_theta_i(a|s) / D(a|s)`` over other learners' parameters, with ``D`` the
+        denominator of the algorithm's own ratio (the behaviour policy for PPO)."""
+        if self._peer is None:
+            self._peer = make_model(*self.spaces, self.cfg.model,
+                                    normalize_obs=self.cfg.env.normalize_obs).to(self.device)
         ratios = []
-        for snap in sorted(policies, key=lambda s: s.version != loaded_version):
-            if snap.version != loaded_version:
-                load_snapshot(model, snap)
-            dist = model.policy(batch.obs)
-            ratios.append((dist.log_prob(batch.actions) - batch.logp).exp())
+        for flat in params:
+            load_snapshot(self._peer, PolicySnapshot(-1, flat, moments))
+            dist = self._peer.policy(batch.obs)
+            ratios.append((dist.log_prob(batch.actions) - batch.denominator_logp).exp())
         return torch.stack(ratios).min(0).values
+
+
+@dataclasses.dataclass
+class CrossStats:
+    """The cost of the truncation's exchange, for the learner's statistics."""
+
+    exchanges: int = 0
+    policies: int = 0          # most other learners seen at once
+    bytes: int = 0             # parameters sent and received
+    exchange_s: float = 0.0
+    forward_passes: int = 0    # batch forward passes under other learners' policies
+    forward_s: float = 0.0
+
+    def record(self) -> dict:
+        return {"learner/cross_exchanges": self.exchanges,
+                "learner/cross_policies": self.policies, "learner/cross_bytes": self.bytes,
+                "learner/cross_exchange_s": self.exchange_s,
+                "learner/cross_forward_passes": self.forward_passes,
+                "learner/cross_forward_s": self.forward_s}
 
 
 def clip_grad_norm(grad: torch.Tensor, max_norm: float) -> float:

@@ -93,6 +93,9 @@ class Driver(Trainer):
         self.failures: collections.Counter[str] = collections.Counter()
         self.learner_seq = 0   # checkpointed, so task keys and seeds never repeat
         self.rollout_seq = 0
+        # synchronous rounds: the learner each slot's trajectory will get, announced up front
+        self.round_learners: dict[int, str] = {}
+        self.trajectory_learner: dict[Future, str] = {}
         self.last_load_report = 0.0
         self.last_rescale = 0.0
         # per-trainer hyperparameters (population-based training): learner.lr and algo.*
@@ -153,6 +156,8 @@ class Driver(Trainer):
         """
         lost = list(self.inflight)
         self.inflight.clear()
+        self.round_learners.clear()
+        self.trajectory_learner.clear()
         self._discarded(self.policy.discard_all())
         if lost:
             self.client.cancel(lost)
@@ -237,6 +242,8 @@ class Driver(Trainer):
         if task.kind == "rollout":
             self.accounting.rollout_finished(self.cfg.batch_size)
             self.policy.rollout_done(task.slot, fut)
+            if task.slot in self.round_learners:
+                self.trajectory_learner[fut] = self.round_learners.pop(task.slot)
         elif task.kind == "learner":
             self._on_learner(fut.result(), task)
         elif task.kind == "eval":
@@ -255,6 +262,8 @@ class Driver(Trainer):
                                f"last error: {exc!r}") from exc
         if task.kind == "rollout":
             self.policy.rollout_failed(task.slot)
+            if task.slot in self.round_learners:  # its learner will never come
+                self.actor.submit("learner_lost", self.round_learners.pop(task.slot))
         elif task.kind == "learner":
             self.policy.learner_failed(task.first_use)
             self.actor.submit("learner_lost", task.learner_id)
@@ -269,8 +278,21 @@ class Driver(Trainer):
         launches = self.policy.decide()
         for launch in launches.learners:
             self._submit_learner(launch.trajectory, launch.first_use, launch.concurrent)
+        if launches.rollouts and self.policy.synchronous:
+            recoveries = self.recoveries
+            self._announce_round(launches.rollouts)
+            if self.recoveries != recoveries:  # the actor was replaced meanwhile: start over
+                return
         for slot in launches.rollouts:
             self._submit_rollout(slot)
+
+    def _announce_round(self, slots: list[int]) -> None:
+        """A synchronous round starts: its learners are known now (one per slot), so the
+        barrier waits for every one of them, even those whose trajectory is not collected."""
+        for slot in slots:
+            self.learner_seq += 1
+            self.round_learners[slot] = f"L{self.learner_seq}"
+        self.actor_call("expect_learners", [self.round_learners[s] for s in slots])
 
     def _submit_rollout(self, slot: int) -> None:
         self.rollout_seq += 1
@@ -283,15 +305,17 @@ class Driver(Trainer):
 
     def _submit_learner(self, trajectory: Future, first_use: bool, concurrent: int) -> None:
         cfg = self.cfg.learner
-        self.learner_seq += 1
-        lid = f"L{self.learner_seq}"
+        lid = self.trajectory_learner.pop(trajectory, None) if first_use else None
+        if lid is None:
+            self.learner_seq += 1
+            lid = f"L{self.learner_seq}"
         kwargs = {"resources": {"GPU": cfg.gpus}} if cfg.gpus > 0 else {}
         overrides = {k.split(".", 1)[1]: v for k, v in self.hparams.items()
                      if k.startswith("algo.")}
         fut = self.client.submit(learner_task, self.run_name, trajectory, self.actor, lid,
-                                 self._learning_rate(), learner_seed(self.cfg.seed,
-                                                                     self.learner_seq),
-                                 overrides or None, pure=False,
+                                 self._learning_rate(),
+                                 learner_seed(self.cfg.seed, int(lid[1:])),
+                                 overrides or None, first_use, pure=False,
                                  key=f"learner-{lid}-{self.run_name}", **kwargs)
         self.inflight[fut] = _Task("learner", learner_id=lid, first_use=first_use,
                                    concurrent=concurrent)

@@ -83,6 +83,9 @@ class ParameterActor:
         self.target_every = target_every
         self.target = self.current.params if target_every else None
         self.history: OrderedDict[int, PolicySnapshot] = OrderedDict()
+        self.learning: dict[str, int] = {}  # learners computing now -> version they pulled
+        self.published: dict[str, np.ndarray] = {}  # their current local parameters
+        self.exchange_skipped = 0
         self.gradients: dict[int, tuple[np.ndarray, dict | None]] = {}
         self.ids = itertools.count()
         self.rejected = 0
@@ -104,6 +107,7 @@ class ParameterActor:
         cur = self.current
         if learner_id is not None:
             self.strategy.on_learner_started(learner_id, cur.version)
+            self.learning[learner_id] = cur.version
         if cur.version == newer_than:
             return None
         if learner_state:
@@ -112,17 +116,40 @@ class ParameterActor:
         return cur
 
     @_locked
-    def pull_learner(self, learner_id: str, *, cross: bool = False
-                     ) -> tuple[PolicySnapshot, list[PolicySnapshot]]:
+    def pull_learner(self, learner_id: str) -> PolicySnapshot | None:
         """All a learner task needs, in one call: the current version with the learners'
-        optimizer state and target network and, for IS truncation (``cross``), the policies
-        the other active learners hold (one snapshot per distinct version still kept)."""
-        snapshot = self.pull(learner_id=learner_id, learner_state=True)
+        optimizer state and target network — or ``None`` while the strategy does not admit a
+        new learner yet (SSP's read gate); the task asks again."""
+        if not self.strategy.admit(learner_id):
+            return None
+        return self.pull(learner_id=learner_id, learner_state=True)
+
+    @_locked
+    def expect_learners(self, learner_ids: list[str]) -> int:
+        """The learners of a synchronous round, announced before their rollouts start."""
+        for learner_id in learner_ids:
+            self.strategy.on_learner_expected(learner_id)
+        return self.current.version
+
+    @_locked
+    def exchange(self, learner_id: str, params: np.ndarray) -> list[np.ndarray]:
+        """Stellaris' truncation: keep this learner's current local parameters and return the
+        current ones of the other learners computing now (for one that has not published
+        yet, the version it pulled; learners announced for a round but not started are not
+        computing yet). Each learner calls it once per epoch."""
+        if learner_id in self.learning:
+            self.published[learner_id] = params
         others = []
-        if cross:
-            others = [self.history[v] for v in self.active_policies(exclude=learner_id)
-                      if v in self.history]
-        return snapshot, others
+        for other, version in self.learning.items():
+            if other == learner_id:
+                continue
+            if other in self.published:
+                others.append(self.published[other])
+            elif version in self.history:
+                others.append(self.history[version].params)
+            else:
+                self.exchange_skipped += 1  # its version left the history (keep_versions)
+        return others
 
     @_locked
     def push(self, delta: np.ndarray, version: int, learner_id: str, *,
@@ -136,6 +163,8 @@ class ParameterActor:
         """
         t0 = time.perf_counter()
         self.pushes += 1
+        self.learning.pop(learner_id, None)
+        self.published.pop(learner_id, None)
         if moments and self.current.moments:
             # Statistics describe data, not the gradient: merge them whatever the gradient's fate.
             merged = {k: merge_moments(v, moments[k]) if k in moments else v
@@ -171,6 +200,8 @@ class ParameterActor:
     @_locked
     def learner_lost(self, learner_id: str) -> int:
         """The driver saw a learner task fail: release any barrier waiting for it."""
+        self.learning.pop(learner_id, None)
+        self.published.pop(learner_id, None)
         self._execute(self.strategy.on_learner_lost(learner_id))
         return self.current.version
 
@@ -200,17 +231,13 @@ class ParameterActor:
         return self.current.version
 
     @_locked
-    def active_policies(self, exclude: str | None = None) -> list[int]:
-        """Versions pulled by the learners active now (for IS truncation)."""
-        return sorted({v for lid, v in self.strategy.active.items() if lid != exclude})
-
-    @_locked
     def metrics(self) -> dict:
         """Strategy counters plus the actor's own (time spent gating and applying)."""
         m = self.strategy.metrics()
         assert m["version"] == self.current.version, "strategy and actor disagree"
         m.update({"gradients/rejected": self.rejected, "actor/apply_s": self.apply_s,
-                  "actor/pushes": self.pushes})
+                  "actor/pushes": self.pushes,
+                  "learners/exchange_skipped": self.exchange_skipped})
         return m
 
     # ---- checkpoint state --------------------------------------------------------------------
@@ -241,6 +268,8 @@ class ParameterActor:
             raise ValueError(f"parameter version {self.current.version} does not match the "
                              f"strategy's version {self.strategy.version}")
         self.gradients.clear()
+        self.learning.clear()
+        self.published.clear()
         self.history.clear()
         self._remember(self.current)
         return self.current.version

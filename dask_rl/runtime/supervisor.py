@@ -80,7 +80,15 @@ class ActorSupervisor:
             target_every=self.target_every,
             actor=True, pure=False, key=f"parameter-actor-{next(self.generation)}-{self.name}",
             **placement)
-        handle = ActorHandle(future.result(), timeout=cfg.checkpoint.actor_timeout_s)
+        try:
+            actor = future.result(timeout=max(cfg.checkpoint.actor_timeout_s, 60.0))
+        except TimeoutError:
+            raise RuntimeError(
+                f"the parameter actor could not be created within "
+                f"{max(cfg.checkpoint.actor_timeout_s, 60.0):g} s: no worker took the task "
+                f"(are all workers paused for memory, or none of the allowed ones alive?)"
+            ) from None
+        handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s)
         self._future = future  # keeps the actor alive
         return handle
 

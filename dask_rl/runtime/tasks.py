@@ -40,19 +40,27 @@ def rollout_task(run: str, slot: int, actor: Any) -> Trajectory:
 
 
 def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: float,
-                 seed: int, algo_overrides: dict | None = None) -> LearnerReport:
-    """Pull the current version, learn from ``traj``, push the delta; return a report."""
+                 seed: int, algo_overrides: dict | None = None,
+                 first_use: bool = True) -> LearnerReport:
+    """Pull the current version, learn from ``traj``, push the delta; return a report.
+
+    A replayed trajectory (``first_use`` False) pushes no observation/return statistics: they
+    were merged when it was first learned from.
+    """
     t0 = time.perf_counter()
     state = run_state(run)
     learner = state.learner()
-    snapshot, cross = actor.call("pull_learner", learner_id,
-                                 cross=state.cfg.learner.is_truncation)
+    snapshot = _admitted_pull(actor, learner_id, state.cfg.checkpoint.actor_timeout_s)
     t_pulled = time.perf_counter()
-    update = learner.update(snapshot, traj, lr=lr, seed=seed, cross_policies=cross,
+    exchange = None
+    if state.cfg.learner.is_truncation:
+        def exchange(params):
+            return actor.call("exchange", learner_id, params)
+    update = learner.update(snapshot, traj, lr=lr, seed=seed, exchange=exchange,
                             algo_overrides=algo_overrides)
     t_learned = time.perf_counter()
     ack = actor.call("push", update.delta, update.version, learner_id,
-                     opt_state=update.opt_state, moments=traj.moments,
+                     opt_state=update.opt_state, moments=traj.moments if first_use else None,
                      finite_loss=update.finite)
     t_pushed = time.perf_counter()
     return LearnerReport(
@@ -62,8 +70,22 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
         episode_lengths=traj.episode_lengths.tolist(),
         trajectory_steps=traj.env_steps, trajectory_bytes=traj.nbytes,
         collect_s=traj.collect_s, pull_s=t_pulled - t0, push_s=t_pushed - t_learned,
-        task_s=t_pushed - t0, cross_policies=len(cross or ()), worker=state.worker.address,
-        stats=update.stats)
+        task_s=t_pushed - t0, cross_policies=int(update.stats.get("learner/cross_policies", 0)),
+        worker=state.worker.address, stats=update.stats)
+
+
+def _admitted_pull(actor: Any, learner_id: str, timeout: float):
+    """Pull as a learner, waiting while the strategy does not admit one yet (SSP)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        snapshot = actor.call("pull_learner", learner_id)
+        if snapshot is not None:
+            return snapshot
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"learner {learner_id} was not admitted within {timeout} s")
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
 
 
 def evaluate_task(run: str, actor: Any, episodes: int, seed: int) -> Evaluation:

@@ -1,7 +1,9 @@
 """Pure asynchronous aggregation: every gradient is applied the moment it arrives.
 
-The fastest and least careful baseline (Hogwild-style parameter server): no waiting, no
-staleness correction, weight 1.
+The fastest and least careful baseline of Stellaris' ablation (an asynchronous parameter
+server as in Downpour SGD, Dean et al. 2012): ``theta <- theta - alpha0 * g_j`` for each
+gradient ``j`` on
+arrival, whatever its staleness; no waiting, no correction, weight 1.
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ class StrategyStats:
     dropped: int = 0
     updates: int = 0
     lost_learners: int = 0
+    superseded: int = 0        # dropped: computed on parameters since replaced wholesale
     staleness_sum: float = 0.0
     staleness_max: int = 0
     histogram: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BINS, np.int64))
@@ -107,10 +108,25 @@ class Strategy(abc.ABC):
         self.round = 0
         self.active: dict[str, int] = {}      # learner id -> version it pulled
         self.buffer: dict[int, Arrival] = {}  # gradient id -> arrival, in arrival order
+        self.valid_from = 0  # gradients computed on older versions are dropped (PBT exploit)
         self.stats = StrategyStats()
         self.last_update: dict[str, Any] = {}
 
     # ---- events ------------------------------------------------------------------------------
+    def admit(self, learner_id: str) -> bool:
+        """May a learner pull now? (SSP's read gate says no while it would run too far ahead
+        of the slowest learner; every other strategy admits at once.)"""
+        return True
+
+    def on_learner_expected(self, learner_id: str) -> None:
+        """A learner of the current round will pull later: barriers wait for it too.
+
+        The driver announces a synchronous round's learners when it starts the round's
+        rollouts, so that a barrier cannot close before a learner it does not know of yet has
+        even been launched.
+        """
+        self.active[learner_id] = self.version
+
     def on_learner_started(self, learner_id: str, version: int) -> None:
         """A learner pulled ``version`` and is computing a gradient."""
         self.active[learner_id] = version
@@ -120,6 +136,9 @@ class Strategy(abc.ABC):
         self.active.pop(arrival.learner_id, None)
         self.stats.arrived += 1
         self.buffer[arrival.id] = arrival
+        if arrival.version < self.valid_from:
+            self.stats.superseded += 1
+            return [self._drop((arrival.id,)), *self._drain()]
         return self._drain()
 
     def on_learner_lost(self, learner_id: str) -> list[Decision]:
@@ -131,13 +150,16 @@ class Strategy(abc.ABC):
     def on_replaced(self) -> list[Decision]:
         """The parameters were replaced wholesale (population-based training's exploit).
 
-        Buffered gradients were computed on weights that no longer exist: they are dropped.
-        The replacement counts as one update, so every learner still computing sees its
-        gradient as (at least) one version stale.
+        Buffered gradients were computed on weights that no longer exist: they are dropped,
+        and so is every gradient that arrives later from a learner that pulled before the
+        replacement (counted as ``superseded``). The replacement counts as one update.
         """
         drop = self._drop(tuple(self.buffer)) if self.buffer else None
+        if drop:
+            self.stats.superseded += len(drop.drop)
         self.version += 1
         self.stats.updates += 1
+        self.valid_from = self.version  # learners still computing learn from the old weights
         return [drop] if drop else []
 
     def on_round_end(self, **signals: float) -> list[Decision]:
@@ -194,6 +216,7 @@ class Strategy(abc.ABC):
         """Plain data (JSON scalars and numpy arrays) restoring this strategy."""
         st = dataclasses.asdict(self.stats)
         return {"name": self.name, "version": self.version, "round": self.round,
+                "valid_from": self.valid_from,
                 "stats": {k: v for k, v in st.items() if k != "histogram"},
                 "histogram": self.stats.histogram.copy(), **self._extra_state()}
 
@@ -202,6 +225,7 @@ class Strategy(abc.ABC):
             raise ValueError(f"strategy state is for {state.get('name')!r}, not {self.name!r}")
         self.version = int(state["version"])
         self.round = int(state["round"])
+        self.valid_from = int(state.get("valid_from", 0))
         self.stats = StrategyStats(**state["stats"],
                                    histogram=np.asarray(state["histogram"], np.int64).copy())
         # In-flight learners and buffered gradients died with the old actor.
@@ -221,6 +245,7 @@ class Strategy(abc.ABC):
         return {"staleness/mean": st.staleness_mean, "staleness/max": st.staleness_max,
                 "staleness/histogram": st.histogram.tolist(),
                 "gradients/arrived": st.arrived, "gradients/applied": st.applied,
-                "gradients/dropped": st.dropped, "gradients/buffered": len(self.buffer),
+                "gradients/dropped": st.dropped, "gradients/superseded": st.superseded,
+                "gradients/buffered": len(self.buffer),
                 "learners/active": len(self.active), "version": self.version,
                 "round": self.round, "lr_scale": self.last_update.get("lr_scale", 1.0)}

@@ -2,9 +2,13 @@
 
 With lambda learners, the server updates after every ``c = max(1, floor(lambda / n))``
 gradients, averaging them, with the learning rate divided by their mean staleness:
-``alpha = alpha0 / <tau>``. ``n = 1`` waits for lambda gradients (close to synchronous),
-``n = lambda`` updates on every gradient (asynchronous with a staleness-scaled step). Gradients
-fresher than one version (tau = 0) count as tau = 1, so the step never exceeds alpha0.
+``alpha = alpha0 / <tau>`` (Sec. 3, the n-softsync protocol and its staleness-dependent
+learning rate). The mean-staleness form is used for the whole group (the reading of the
+Stellaris ablation's baseline); a per-gradient ``alpha0 / tau_l`` would differ when the
+group's gradients are unequally stale (a test pins the mean form). ``n = 1`` waits for lambda
+gradients (close to synchronous), ``n = lambda`` updates on every gradient (asynchronous with
+a staleness-scaled step). Gradients fresher than one version (tau = 0) count as tau = 1, so
+the step never exceeds alpha0.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
-"""Synchronous aggregation: a barrier over the active learners, one averaged step.
+"""Synchronous aggregation: a barrier over a round's learners, one averaged step.
 
-The baseline of Stellaris' ablation and of synchronous PPO: every gradient waits until no
-learner that is still computing could join the round, then all buffered gradients are averaged
-(weight 1/H each) into one update. With the driver's rollout gating (``synchronous = True``),
-all learners of a round pulled the same version, so staleness is always 0.
+The baseline of Stellaris' ablation and of synchronous (distributed) PPO: ``theta_{k+1} =
+theta_k - alpha0 * (1/H) sum_j g_j`` over the ``H`` gradients of round ``k``, all computed on
+``theta_k``. The barrier waits for every learner of the round: the driver announces them when
+it starts the round's rollouts (:meth:`~dask_rl.staleness.base.Strategy.on_learner_expected`),
+so a learner whose trajectory is not even collected yet is waited for, and a lost one releases
+it. With the driver's rollout gating (``synchronous = True``) every learner of a round pulls
+``theta_k``, so every staleness is 0 (a test checks it over 50 rounds on a cluster).
 """
 
 from __future__ import annotations

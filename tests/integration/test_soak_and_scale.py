@@ -32,8 +32,11 @@ def _tiny():
 def test_many_workers(workers, processes, tmp_path):
     from distributed import Client, LocalCluster
 
+    # In-process workers share one process: each would compare the whole process's memory
+    # (this test session's) with its 1/32 share of the machine and pause. No limit there.
+    memory = "auto" if processes else 0
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
-                      dashboard_address=None, silence_logs=50) as cluster, \
+                      memory_limit=memory, dashboard_address=None, silence_logs=50) as cluster, \
             Client(cluster) as client:
         s = dask_rl.train(_tiny(), client=client, run_dir=tmp_path / "many").summary
     assert s["worker_threads"] == workers and s["rollout_slots"] == workers

@@ -1,44 +1,106 @@
-"""Learning with the staleness-aware strategies and the off-policy learner, 2 workers."""
+"""Learning with the staleness-aware strategies and the off-policy learner, 2 workers.
 
+Each strategy's test asserts its mechanism on a real cluster, not only that CartPole was
+solved (CartPole forgives almost anything): the barrier held, the gate waited, the threshold
+followed its schedule, the truncation changed ratios, the read gate kept its bound.
+"""
+
+import collections
 import threading
 import time
 
 import pytest
 
 import dask_rl
+from dask_rl.checkpoint import CheckpointStore
 from dask_rl.data.metrics import read_metrics
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
-def test_stellaris_solves_cartpole(local_client, pipelines, tmp_path):
+def _records(run_dir, kind):
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
+
+
+def test_stellaris_solves_cartpole_with_its_gate_threshold_and_truncation(local_client,
+                                                                          pipelines, tmp_path):
+    run = tmp_path / "stellaris"
     result = dask_rl.train(pipelines / "ppo_cartpole_stellaris.yaml", client=local_client,
-                           run_dir=tmp_path / "stellaris")
+                           run_dir=run)
     s = result.summary
     assert s["solved"] and s["final_return"] >= 475, s
     assert s["strategy"] == "stellaris"
-    records = read_metrics(tmp_path / "stellaris" / "metrics.jsonl")
-    rounds = [r for r in records if r["kind"] == "round"]
-    assert rounds, "no per-round metrics"
+    rounds = _records(run, "round")
     for key in ("staleness/mean", "staleness/max", "staleness/histogram", "gradients/applied",
                 "gradients/buffered", "gradients/dropped", "learners/active", "lr_scale",
                 "threshold/beta"):
         assert key in rounds[-1], key
-    learners = [r for r in records if r["kind"] == "learner"]
+    # the gate held stale gradients back at least once, and released on the threshold
+    assert rounds[-1]["threshold/waits"] > 0
+    assert rounds[-1]["threshold/released_below"] > 0
+    # beta_k = max(delta_max d^k, floor) from the first stale round on
+    decayed = [r for r in rounds if r["threshold/delta_max"] is not None]
+    assert len(decayed) >= 5
+    delta_max, d = decayed[0]["threshold/delta_max"], decayed[0]["threshold/decay"]
+    for k, r in enumerate(decayed):
+        assert r["threshold/beta"] == pytest.approx(max(delta_max * d ** k, 1.0)), k
+    # global IS truncation saw other learners' current policies and changed some weights
+    learners = _records(run, "learner")
     assert all(r["status"] in ("applied", "buffered", "dropped") for r in learners)
-    assert all("staleness" in r for r in learners)
+    assert max(r["cross_policies"] for r in learners) > 0
+    assert max(r.get("losses/is_truncated_frac", 0) for r in learners) > 0
 
 
 def test_impact_solves_cartpole_with_stellaris(local_client, pipelines, tmp_path):
+    run = tmp_path / "impact"
     result = dask_rl.train(pipelines / "impact_cartpole.yaml", client=local_client,
-                           run_dir=tmp_path / "impact")
+                           run_dir=run, overrides=["env.normalize_obs=true"])
     s = result.summary
     assert s["algorithm"] == "impact" and s["strategy"] == "stellaris"
     assert s["solved"] and s["final_return"] >= 475, s
-    learners = read_metrics(tmp_path / "impact" / "metrics.jsonl")
-    learners = [r for r in learners if r["kind"] == "learner"]
+    learners = _records(run, "learner")
     assert any(r["replay"] for r in learners), "the circular buffer never replayed a batch"
-    assert all("losses/is_weight" in r for r in learners)
+    assert all("losses/target_weight" in r for r in learners)
+    # replays learn from the same steps again but add no observation statistics
+    state, _ = CheckpointStore(run / "checkpoints").load()
+    assert state["actor"]["moments"]["obs"][0] == s["env_steps"]
+
+
+def test_sync_updates_aggregate_exactly_one_round_with_no_staleness(local_client, tmp_path):
+    """50+ rounds of 4 learners: each update holds the 4 gradients of one round, all fresh."""
+    run = tmp_path / "sync"
+    result = dask_rl.train(
+        {"aggregation": {"strategy": "sync"}, "env": {"num_envs": 2}, "rollout": {"steps": 64,
+         "slots": 4}, "learner": {"max_learners": 4, "epochs": 1, "minibatches": 1},
+         "stop": {"env_steps": 4 * 128 * 55, "solve_on_target": False,
+                  "eval_every_updates": 0}, "checkpoint": {"every_s": 0}},
+        client=local_client, run_dir=run)
+    learners = _records(run, "learner")
+    by_version = collections.defaultdict(list)
+    for r in learners:
+        by_version[r["version_pulled"]].append(r)
+    assert len(by_version) >= 50 and result.summary["updates"] >= 50
+    for version, group in by_version.items():
+        assert len(group) == 4, (version, len(group))
+        assert all(r["staleness"] == 0 for r in group)
+        applied = [r for r in group if r["status"] == "applied"]
+        assert len(applied) == 1 and applied[0]["version_after"] == version + 1
+        assert sorted(r["status"] for r in group) == ["applied"] + ["buffered"] * 3
+
+
+def test_ssp_never_lets_a_learner_start_beyond_its_bound(local_client, tmp_path):
+    run = tmp_path / "ssp"
+    dask_rl.train(
+        {"aggregation": {"strategy": "ssp", "bound": 0}, "rollout": {"slots": 4},
+         "learner": {"max_learners": 4},
+         "stop": {"env_steps": 60_000, "solve_on_target": False, "eval_every_updates": 0},
+         "checkpoint": {"every_s": 0}},
+        client=local_client, run_dir=run)
+    rounds = _records(run, "round")
+    assert rounds and all(r["ssp/max_read_gap"] == 0 for r in rounds)
+    assert rounds[-1]["ssp/refused_reads"] > 0, "the read gate never closed"
+    # every gradient is its own update, applied on arrival: nothing is buffered or averaged
+    assert all(r["status"] == "applied" for r in _records(run, "learner"))
 
 
 def test_rollout_slots_and_learners_follow_the_cluster(tmp_path):

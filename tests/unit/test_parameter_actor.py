@@ -58,15 +58,42 @@ def test_state_roundtrip_restores_version_and_drops_buffers():
     assert b.metrics()["gradients/applied"] == 1
 
 
-def test_history_keeps_recent_versions_for_is_truncation():
+def test_learners_see_each_others_current_parameters_for_is_truncation():
     a = ParameterActor(np.zeros(2, np.float32), AsyncConfig(), keep_versions=2)
     for v in range(5):
         a.push(np.ones(2, np.float32), v, "L")
     assert sorted(a.history) == [3, 4, 5]
-    a.pull(learner_id="X")
-    a.push(np.ones(2, np.float32), 5, "L")       # version 6; X still holds 5
-    snap, others = a.pull_learner("Y", cross=True)
-    assert snap.version == 6 and [o.version for o in others] == [5]
-    assert a.active_policies(exclude="X") == [6]
-    _, none = a.pull_learner("Z")
-    assert none == []
+    x = a.pull_learner("X")                       # X holds version 5
+    a.push(np.ones(2, np.float32), 5, "L")        # version 6
+    a.pull_learner("Y")
+    # Y has published nothing yet: X sees the version Y pulled
+    np.testing.assert_array_equal(a.exchange("X", x.params + 0.5)[0], a.history[6].params)
+    # Y sees X's *current* local parameters, not the version X started from
+    np.testing.assert_array_equal(a.exchange("Y", np.full(2, 9.0, np.float32))[0],
+                                  x.params + 0.5)
+    np.testing.assert_array_equal(a.exchange("X", x.params)[0], np.full(2, 9.0))
+    a.push(np.ones(2, np.float32), 5, "X")        # X is done: nobody sees it any more
+    assert a.exchange("Y", np.zeros(2, np.float32)) == []
+    a.learner_lost("Y")
+    assert a.published == {}
+
+
+def test_ssp_read_gate_makes_a_learner_wait_at_pull():
+    from dask_rl.staleness import SSPConfig
+
+    a = ParameterActor(np.zeros(2, np.float32), SSPConfig(bound=0))
+    assert a.pull_learner("A") is not None and a.pull_learner("B") is not None
+    a.push(np.ones(2, np.float32), 0, "A")        # version 1, B still computes on v0
+    assert a.pull_learner("C") is None            # C would be 1 ahead of B: not yet
+    a.push(np.ones(2, np.float32), 0, "B")
+    assert a.pull_learner("C").version == 2
+
+
+def test_gradients_from_before_an_exploit_are_dropped():
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig())
+    a.pull_learner("L")                           # L learns from the loser's weights
+    a.adopt({"params": np.full(2, 5.0, np.float32)})
+    ack = a.push(np.ones(2, np.float32), 0, "L")
+    assert ack.status == "dropped"
+    np.testing.assert_array_equal(a.pull().params, np.full(2, 5.0))
+    assert a.metrics()["gradients/superseded"] == 1

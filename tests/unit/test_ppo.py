@@ -61,7 +61,7 @@ def test_clipped_surrogate_matches_naive():
     eps = 0.2
     want = np.mean([-min(r * a, np.clip(r, 1 - eps, 1 + eps) * a)
                     for r, a in zip(ratio.numpy(), adv.numpy())])
-    got = ppo.clipped_surrogate(ratio, adv, eps).item()
+    got = ppo.clipped_surrogate(ratio.log(), adv, eps).item()
     assert got == pytest.approx(want, rel=1e-9)
 
 
@@ -102,55 +102,39 @@ def test_entropy_and_grad_norm_clipping_match_naive():
                                rtol=1e-5)
 
 
-def test_truncated_ratio():
-    r = torch.tensor([0.5, 1.5, 2.0, 1.2])
-    cross = torch.tensor([0.8, 0.5, 3.0, 1.1])
-    # min(r, max(cross, rho)) with rho = 1
-    np.testing.assert_allclose(ppo.truncated_ratio(r, cross, 1.0).numpy(), [0.5, 1.0, 2.0, 1.1])
-    assert ppo.truncated_ratio(r, None, 1.0) is r
-
-
-def test_is_truncation_against_a_naive_per_sample_reference():
-    """The learner's cross-learner minimum ratio and the truncated ratio, sample by sample."""
+def test_learners_measure_other_policies_against_the_algorithms_own_denominator():
+    """min_i pi_i(a|s) / D(a|s) sample by sample: D is mu for PPO, and IMPACT's
+    mu / min(mu / pi_target, rho) when the batch says so (``ratio_logp``)."""
     from torch.distributions import Categorical
 
     from dask_rl.algos.base import Batch
     from dask_rl.config import from_dict
-    from dask_rl.data import PolicySnapshot
     from dask_rl.envs import env_spaces
-    from dask_rl.models import get_flat, make_model
+    from dask_rl.models import get_flat, make_model, set_flat
     from dask_rl.roles.learner import Learner
 
     cfg = from_dict({})
     spaces = env_spaces(cfg.env)
-    others = [PolicySnapshot(v, get_flat(make_model(*spaces, cfg.model, seed=10 + v)))
-              for v in range(3)]
+    others = [get_flat(make_model(*spaces, cfg.model, seed=10 + v)) for v in range(3)]
     learner = Learner(cfg, *spaces, device="cpu")
     rng = np.random.default_rng(0)
     obs = torch.tensor(rng.normal(size=(40, 4)), dtype=torch.float32)
     actions = torch.tensor(rng.integers(0, 2, 40))
-    mu_logp = torch.tensor(np.log(rng.uniform(0.2, 0.8, 40)), dtype=torch.float32)
+    mu = rng.uniform(0.2, 0.8, 40)
+    denominator = rng.uniform(0.2, 0.8, 40)
     zeros = torch.zeros(40)
-    batch = Batch(obs=obs, actions=actions, logp=mu_logp, advantages=zeros, returns=zeros,
-                  values=zeros)
-    got = learner._cross_ratio_min(batch, others)
-
-    want = []
-    for k in range(40):
-        ratios = []
-        for snap in others:
-            model = make_model(*spaces, cfg.model)
-            from dask_rl.models import set_flat
-
-            set_flat(model, snap.params)
-            logits = model.pi_head(model.pi_body(obs[k:k + 1]))
-            pi = Categorical(logits=logits).log_prob(actions[k:k + 1]).exp().item()
-            ratios.append(pi / np.exp(mu_logp[k].item()))
-        want.append(min(ratios))
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)
-
-    own = torch.tensor(rng.uniform(0.5, 1.5, 40), dtype=torch.float32)
-    truncated = ppo.truncated_ratio(own, got, 1.0)
-    for k in range(40):
-        assert truncated[k].item() == pytest.approx(min(own[k].item(), max(want[k], 1.0)),
-                                                    rel=1e-6)
+    for ratio_logp, d in ((None, mu), (torch.tensor(np.log(denominator)), denominator)):
+        batch = Batch(obs=obs, actions=actions, logp=torch.tensor(np.log(mu)),
+                      advantages=zeros, returns=zeros, values=zeros, ratio_logp=ratio_logp)
+        got = learner._cross_ratio_min(batch, others)
+        want = []
+        for k in range(40):
+            ratios = []
+            for flat in others:
+                model = make_model(*spaces, cfg.model)
+                set_flat(model, flat)
+                logits = model.pi_head(model.pi_body(obs[k:k + 1]))
+                pi = Categorical(logits=logits).log_prob(actions[k:k + 1]).exp().item()
+                ratios.append(pi / d[k])
+            want.append(min(ratios))
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)

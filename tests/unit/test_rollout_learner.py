@@ -97,3 +97,28 @@ def test_greedy_evaluation_counts_whole_episodes():
     result = evaluate(cfg, snap, episodes=5, seed=0)
     assert result.episodes == 5
     assert 8 <= result.mean_return <= 500
+
+
+def test_truncation_exchanges_parameters_once_per_epoch():
+    cfg, spaces, snap = _setup(learner={"epochs": 3, "is_truncation": True})
+    rw = Collector(cfg, seed=0)
+    rw.load(snap)
+    traj = rw.collect(64)
+    learner = Learner(cfg, *spaces, device="cpu")
+    sent = []
+
+    def alone(params):
+        sent.append(params.copy())
+        return []
+
+    res = learner.update(snap, traj, lr=1e-3, seed=0, exchange=alone)
+    assert len(sent) == 3                                  # one exchange per epoch
+    np.testing.assert_array_equal(sent[0], snap.params)   # epoch 0 starts from the pull
+    assert not np.array_equal(sent[1], sent[0])          # later epochs send current params
+    assert res.stats["learner/cross_policies"] == 0
+    other = get_flat(make_model(*spaces, cfg.model, seed=7))
+    res = learner.update(snap, traj, lr=1e-3, seed=0, exchange=lambda p: [other])
+    assert res.stats["learner/cross_policies"] == 1
+    assert res.stats["learner/cross_forward_passes"] == 3
+    assert res.stats["learner/cross_bytes"] == 3 * 2 * 4 * len(snap.params)
+    assert 0 < res.stats["losses/is_truncated_frac"] <= 1

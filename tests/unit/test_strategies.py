@@ -116,33 +116,84 @@ def test_sync_barrier_is_released_by_a_lost_learner():
 
 # ---- SSP -----------------------------------------------------------------------------------
 
-def test_ssp_fast_gradients_wait_for_the_slow_learner():
+def test_ssp_gates_reads_not_updates():
+    """Ho et al. 2013: a learner may start only within s clocks of the slowest; every update
+    is applied on arrival, on its own, weight 1."""
     s = make_strategy(SSPConfig(bound=1))
     for lid in "abc":
+        assert s.admit(lid)
         s.on_learner_started(lid, 0)
-    # a: v0 -> 1, and b, c (pulled v0) are 1 behind: within the bound
     assert s.on_gradient(Arrival(0, "a", 0)) == [Decision(apply=((0, 1.0),))]
-    # b arrives 1 stale; applying it would put c 2 behind: it waits
-    assert s.on_gradient(Arrival(1, "b", 0)) == []
+    # version 1; the slowest computing learner holds v0: a new reader is 1 ahead, within s
+    assert s.admit("d")
     s.on_learner_started("d", 1)
-    # c arrives 1 stale; d (pulled v1) would stay within 1: b and c go in one update
-    [d] = s.on_gradient(Arrival(2, "c", 0))
-    assert d.apply == ((1, 0.5), (2, 0.5))
-    assert s.version == 2 and s.stats.staleness_max == 1
+    assert s.on_gradient(Arrival(1, "b", 0)) == [Decision(apply=((1, 1.0),))]
+    # version 2, c still holds v0: a reader would be 2 ahead > s: it waits
+    assert not s.admit("e")
+    assert s.on_gradient(Arrival(2, "c", 0)) == [Decision(apply=((2, 1.0),))]
+    # c pushed: the slowest is d at v1, version 3: gap 2 > 1, still waits
+    assert not s.admit("e")
+    assert s.on_gradient(Arrival(3, "d", 1)) == [Decision(apply=((3, 1.0),))]
+    assert s.admit("e")                       # nobody computing: no gap
+    m = s.metrics()
+    assert m["ssp/max_read_gap"] == 1 and m["ssp/refused_reads"] == 2
+    # c's gradient arrived 2 stale: SSP bounds the clock gap, not each gradient's staleness
+    assert s.stats.staleness_max == 2
 
 
-def test_ssp_bound_zero_is_a_barrier_and_stale_gradients_are_dropped():
+def test_ssp_counts_clocks_in_rounds_of_its_learners():
+    """With P = 4 learners a clock is 4 updates: s = 1 lets a reader be 4 versions ahead."""
+    s = make_strategy(SSPConfig(bound=1), learners=4)
+    s.on_learner_started("slow", 0)
+    for i in range(4):
+        s.on_learner_started(f"f{i}", s.version)
+        s.on_gradient(Arrival(i, f"f{i}", s.version))
+    assert s.version == 4 and s.admit("x")      # gap 4 = 1 clock
+    s.on_learner_started("f4", 4)
+    s.on_gradient(Arrival(4, "f4", 4))
+    assert not s.admit("y")                     # gap 5 > 4
+
+
+def test_ssp_bound_zero_admits_only_readers_of_the_current_version():
     s = make_strategy(SSPConfig(bound=0))
     s.on_learner_started("a", 0)
     s.on_learner_started("b", 0)
-    assert s.on_gradient(Arrival(0, "a", 0)) == []
-    [d] = s.on_gradient(Arrival(1, "b", 0))
-    assert d.apply == ((0, 0.5), (1, 0.5))
-    # a gradient from before a restore is staler than the bound: dropped, counted
-    s.on_learner_started("c", 1)
-    assert s.on_gradient(Arrival(2, "old", 0)) == [Decision(drop=(2,))]
-    assert s.on_gradient(Arrival(3, "c", 1)) == [Decision(apply=((3, 1.0),))]
-    assert s.stats.dropped == 1
+    assert s.admit("c")                        # same version as everyone: gap 0
+    s.on_gradient(Arrival(0, "a", 0))          # applied at once: version 1
+    assert not s.admit("c")                    # b still computes on v0
+    assert s.on_learner_lost("b") == []        # a lost learner frees the gate
+    assert s.admit("c")
+
+
+# ---- sync and replaced parameters ----------------------------------------------------------
+
+def test_sync_barrier_waits_for_learners_announced_but_not_started():
+    """The round's learners are known when its rollouts start: a gradient cannot be applied
+    before a learner whose trajectory is not collected yet has pushed."""
+    s = make_strategy(SyncConfig())
+    for lid in ("r0", "r1", "r2"):
+        s.on_learner_expected(lid)
+    s.on_learner_started("r0", 0)
+    assert s.on_gradient(Arrival(0, "r0", 0)) == []     # r1, r2 not even launched: wait
+    s.on_learner_started("r1", 0)
+    assert s.on_gradient(Arrival(1, "r1", 0)) == []
+    assert s.on_learner_lost("r2") == [Decision(apply=((0, 0.5), (1, 0.5)))]
+    assert s.stats.staleness_max == 0
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_gradients_on_replaced_parameters_are_dropped_and_counted(name):
+    """PBT's exploit replaces the weights: learners still computing learned from the old ones."""
+    s = make_strategy(CONFIGS[name], learners=1)
+    s.on_learner_started("old", 0)
+    s.on_replaced()
+    s.on_learner_started("new", s.version)
+    decisions = s.on_gradient(Arrival(0, "old", 0))
+    assert [d.drop for d in decisions if d.drop] == [(0,)]
+    assert s.stats.superseded == 1 and s.metrics()["gradients/superseded"] == 1
+    assert not any(0 in d.ids for d in decisions)
+    decisions = s.on_gradient(Arrival(1, "new", s.version))
+    assert any(1 in d.ids for d in decisions)
 
 
 # ---- n-softsync ----------------------------------------------------------------------------
@@ -161,6 +212,14 @@ def test_softsync_groups_and_scales_by_mean_staleness():
     [d] = s.on_gradient(Arrival(5, "f", 0))  # 2 stale: <tau> = 2, alpha0 / 2, averaged
     assert d.apply == ((4, 0.25), (5, 0.25))
     assert s.last_update["lr_scale"] == 0.5
+
+
+def test_softsync_scales_a_group_by_its_mean_staleness_not_per_gradient():
+    s = make_strategy(SoftsyncConfig(n=2), learners=4)
+    s.version = 3
+    assert s.on_gradient(Arrival(0, "a", 2)) == []       # tau 1
+    [d] = s.on_gradient(Arrival(1, "b", 0))              # tau 3: <tau> = 2
+    assert d.apply == ((0, 0.25), (1, 0.25))             # per gradient would be 1/2 and 1/6
 
 
 def test_softsync_n_equal_learners_is_async_with_scaled_steps():
@@ -184,29 +243,58 @@ def test_stellaris_step_scale():
     assert step_scale(4, 2) == pytest.approx(0.5)
 
 
-def test_stellaris_is_async_until_a_stale_round_then_the_threshold_decays():
-    s = make_strategy(StellarisConfig(decay=0.5), learners=4)
-    assert math.isinf(s.threshold)
+def test_stellaris_is_async_until_a_stale_round_then_the_threshold_decays_to_its_floor():
+    s = make_strategy(StellarisConfig(decay=0.5, threshold_floor=0.7), learners=4)
+    assert math.isinf(s.beta)
     s.on_learner_started("a", 0)
     assert s.on_gradient(Arrival(0, "a", 0)) == [Decision(apply=((0, 1.0),))]
     s.on_round_end()  # nothing was stale: still no threshold
-    assert math.isinf(s.threshold) and s.delta_max is None
+    assert math.isinf(s.beta) and s.delta_max is None
     for lid in "bcd":
         s.on_learner_started(lid, 1)
     s.on_gradient(Arrival(1, "b", 1))         # fresh: applied at once (beta infinite)
     s.on_gradient(Arrival(2, "c", 1))         # staleness 1
     s.on_gradient(Arrival(3, "d", 1))         # staleness 2
     s.on_round_end()                          # first stale round: delta_max = 2, beta_0 = 2
-    assert s.delta_max == 2 and s.threshold == 2
+    assert s.delta_max == 2 and s.beta == 2
+    want = [max(2 * 0.5 ** k, 0.7) for k in range(1, 6)]  # beta_k = max(delta_max d^k, floor)
+    got = []
+    for _ in range(5):
+        s.on_round_end()
+        got.append(s.beta)
+    assert got == pytest.approx(want)
+
+
+def test_stellaris_delta_max_is_the_largest_staleness_of_the_first_stale_round():
+    """Staleness 0, 0, 0, 3: the paper's delta_max is 3 (the released code's int(mean) + 1
+    would be 1)."""
+    s = make_strategy(StellarisConfig(), learners=4)
+    s.on_learner_started("d", 0)
+    for i, lid in enumerate("abc"):
+        s.on_learner_started(lid, s.version)
+        s.on_gradient(Arrival(i, lid, s.version))   # fresh, applied at once
+    s.on_gradient(Arrival(3, "d", 0))               # 3 stale
     s.on_round_end()
-    assert s.threshold == 1.0                 # beta_1 = 2 * 0.5
-    s.on_round_end()
-    assert s.threshold == 0.5
+    assert s.delta_max == 3 and s.beta == 3
+
+
+def test_stellaris_default_floor_stops_the_decay_at_one():
+    """After 40 rounds beta is 2 * 0.96^40 = 0.39 without a floor: a fresh and a 1-stale
+    gradient (mean 0.5) wait for more. With the default floor (1) they are applied."""
+    for floor, waits in ((1.0, False), (0.0, True)):
+        s = make_strategy(StellarisConfig(threshold_floor=floor), learners=4)
+        s.delta_max, s.decayed, s.version = 2.0, 2.0 * 0.96 ** 40, 5
+        for lid, v in (("a", 4), ("b", 5), ("c", 5)):
+            s.on_learner_started(lid, v)
+        assert s.on_gradient(Arrival(0, "a", 4)) == []   # mean 1 >= beta: wait either way
+        decisions = s.on_gradient(Arrival(1, "b", 5))    # mean 0.5
+        assert (decisions == []) is waits
+    assert StellarisConfig().threshold_floor == 1.0
 
 
 def test_stellaris_gate_waits_for_fresher_gradients_and_scales_steps():
     s = make_strategy(StellarisConfig(decay=1.0, smoothness=3), learners=4)
-    s.delta_max, s.beta = 4.0, 4.0
+    s.delta_max, s.decayed = 4.0, 4.0
     s.version = 10
     for lid, v in (("a", 2), ("b", 10), ("c", 10)):
         s.on_learner_started(lid, v)
@@ -220,30 +308,33 @@ def test_stellaris_gate_waits_for_fresher_gradients_and_scales_steps():
     assert weights[0] == pytest.approx(0.5 / 3)
     assert weights[1] == pytest.approx(1 / 3) and weights[2] == pytest.approx(1 / 3)
     assert s.version == 11
+    m = s.metrics()
+    assert m["threshold/waits"] == 2 and m["threshold/released_below"] == 1
 
 
 def test_stellaris_never_waits_when_no_fresher_gradient_can_come():
-    s = make_strategy(StellarisConfig(), learners=4)
-    s.delta_max, s.beta, s.version = 4.0, 0.5, 6
+    s = make_strategy(StellarisConfig(threshold_floor=0.5), learners=4)
+    s.delta_max, s.decayed, s.version = 4.0, 0.5, 6
     s.on_learner_started("a", 0)
     [d] = s.on_gradient(Arrival(0, "a", 0))   # staleness 6 >= beta but nobody is computing
     assert d.apply == ((0, pytest.approx(6 ** (-1 / 3))),)
+    assert s.released["idle"] == 1
     # with a full buffer (one gradient per allowed learner) it aggregates too
-    s2 = make_strategy(StellarisConfig(), learners=2)
-    s2.delta_max, s2.beta, s2.version = 4.0, 0.5, 6
+    s2 = make_strategy(StellarisConfig(threshold_floor=0.5), learners=2)
+    s2.delta_max, s2.decayed, s2.version = 4.0, 0.5, 6
     for lid in "abc":
         s2.on_learner_started(lid, 0)
     assert s2.on_gradient(Arrival(0, "a", 0)) == []
     [d] = s2.on_gradient(Arrival(1, "b", 0))
-    assert d.ids == (0, 1)
+    assert d.ids == (0, 1) and s2.released["full"] == 1
 
 
 def test_stellaris_auto_decay_follows_reward_progress():
     s = make_strategy(StellarisConfig(decay="auto"), learners=4)
-    s.delta_max, s.beta = 4.0, 4.0
+    s.delta_max, s.decayed = 4.0, 4.0
     assert s.decay == 0.96
     s.on_round_end(reward=10.0)               # first signal: no change
-    assert s.decay == 0.96 and s.threshold == pytest.approx(4 * 0.96)
+    assert s.decay == 0.96 and s.beta == pytest.approx(4 * 0.96)
     s.on_round_end(reward=20.0)               # improving: towards 0.999
     assert s.decay == pytest.approx(0.96 + 0.25 * (0.999 - 0.96))
     d = s.decay
