@@ -70,7 +70,7 @@ def check_env_id(env_id: str) -> str | None:
         spec = gym.spec(env_id)
     except gym.error.Error:
         if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
-            return _needs_extra("atari", "ale_py")
+            return _needs_extra("atari", "ale_py is not installed")
         return "unknown Gymnasium environment id"
     family = env_family(env_id)
     missing = _missing_module(spec.entry_point, family)
@@ -83,19 +83,22 @@ def check_env_id(env_id: str) -> str | None:
 
 def _needs_extra(family: str, missing: str) -> str:
     return (f"{EXTRAS[family]} environments need the '{family}' extra: "
-            f"pip install 'dask-rl[{family}]' ({missing} is not installed)")
+            f"pip install 'dask-rl[{family}]' ({missing})")
 
 
 def _missing_module(entry_point: Any, family: str | None) -> str | None:
-    """The name of a module that the environment's code cannot import, if any."""
+    """What the environment's code cannot import, as a short phrase, if anything."""
     try:
         if isinstance(entry_point, str):
             registration.load_env_creator(entry_point)
         if family == "atari":  # Gymnasium's Atari preprocessing resizes frames with OpenCV
             importlib.import_module("cv2")
     except ImportError as e:
-        return e.name or " ".join(str(e).split())
+        return f"{e.name} is not installed" if e.name else " ".join(str(e).split())
     except gym.error.DependencyNotInstalled as e:
+        cause = e.__cause__ if isinstance(e.__cause__, ImportError) else None
+        if cause is not None and cause.name:
+            return f"{cause.name} is not installed"
         return " ".join(str(e).split())
     return None
 
