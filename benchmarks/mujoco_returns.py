@@ -84,6 +84,16 @@ def at_time(run: dict, t: float) -> float:
     return before[-1] if before else float("nan")
 
 
+def ci95(values) -> float:
+    """Half-width of a t-based 95% confidence interval of the mean."""
+    from scipy import stats
+
+    x = np.asarray([v for v in values if np.isfinite(v)], float)
+    if len(x) < 2:
+        return float("nan")
+    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+
+
 def summarise(runs: list[dict]) -> dict:
     by_algo: dict[str, list[dict]] = {}
     for r in runs:
@@ -92,6 +102,7 @@ def summarise(runs: list[dict]) -> dict:
     for algo, rs in by_algo.items():
         finals = [r["final_return"] for r in rs]
         out[algo] = {"final_mean": float(np.mean(finals)), "final_std": float(np.std(finals)),
+                     "final_ci95": ci95(finals),
                      "train_s_mean": float(np.mean([r["train_s"] for r in rs])),
                      "seeds": [r["seed"] for r in rs]}
     algos = sorted(by_algo)
@@ -105,6 +116,7 @@ def summarise(runs: list[dict]) -> dict:
         for a in algos:
             out[a]["equal_time_mean"] = float(np.nanmean(equal_time[a]))
             out[a]["equal_time_std"] = float(np.nanstd(equal_time[a]))
+            out[a]["equal_time_ci95"] = ci95(equal_time[a])
     return out
 
 
@@ -118,35 +130,40 @@ def main() -> int:
     ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                     help="an extra pipeline override for every run (recorded with the run)")
     ap.add_argument("--out", default=str(HERE / "results" / "mujoco_returns"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="re-render the table from the JSON without running anything")
     args = ap.parse_args()
     out_path = Path(args.out).with_suffix(".json")
     data = json.loads(out_path.read_text()) if out_path.exists() else {}
     data = data if "labels" in data else {"labels": {}}
-    data["random_return"] = random_return()
-    print(f"random policy: {data['random_return']:.1f}")
-    runs = []
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
-        for algo in args.algos:
-            r = one_run(algo, seed, args.steps, args.extra)
-            runs.append(r)
-            print(f"{args.label} {algo} seed {seed}: greedy {r['final_return']:.1f} after "
-                  f"{r['env_steps']} steps in {r['train_s']:.0f} s", flush=True)
-    data["labels"][args.label] = {"steps": args.steps, "runs": runs,
-                                  "summary": summarise(runs)}
+    if not args.report_only:
+        data["random_return"] = random_return()
+        print(f"random policy: {data['random_return']:.1f}")
+        runs = []
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for algo in args.algos:
+                r = one_run(algo, seed, args.steps, args.extra)
+                runs.append(r)
+                print(f"{args.label} {algo} seed {seed}: greedy {r['final_return']:.1f} after "
+                      f"{r['env_steps']} steps in {r['train_s']:.0f} s", flush=True)
+        data["labels"][args.label] = {"steps": args.steps, "runs": runs}
+    for block in data["labels"].values():
+        block["summary"] = summarise(block["runs"])
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(data, indent=1))
     lines = ["# PPO and IMPACT on Hopper-v5", "",
              f"`python benchmarks/mujoco_returns.py --label LABEL --seeds {args.seeds}`: "
-             f"greedy return (5 episodes), mean ± std over seeds; random policy "
-             f"{data['random_return']:.1f}.", "",
+             f"greedy return (5 episodes), mean ± std [95% CI half-width] over seeds; random "
+             f"policy {data['random_return']:.1f}.", "",
              "| label | algorithm | seeds | at equal env steps | at equal wall time | "
              "training s |", "|---|---|---|---|---|---|"]
     for label, block in data["labels"].items():
         for algo, s in block["summary"].items():
-            eq = (f"{s['equal_time_mean']:.0f} ± {s['equal_time_std']:.0f}"
-                  if "equal_time_mean" in s else "-")
+            eq = (f"{s['equal_time_mean']:.0f} ± {s['equal_time_std']:.0f} "
+                  f"[{s['equal_time_ci95']:.0f}]" if "equal_time_mean" in s else "-")
             lines.append(f"| {label} | {algo} | {len(s['seeds'])} | {s['final_mean']:.0f} ± "
-                         f"{s['final_std']:.0f} | {eq} | {s['train_s_mean']:.0f} |")
+                         f"{s['final_std']:.0f} [{s['final_ci95']:.0f}] | {eq} | "
+                         f"{s['train_s_mean']:.0f} |")
     out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
