@@ -22,8 +22,7 @@ def _records(run_dir, kind):
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
 
 
-def test_stellaris_solves_cartpole_with_its_gate_threshold_and_truncation(local_client,
-                                                                          pipelines, tmp_path):
+def test_stellaris_solves_cartpole(local_client, pipelines, tmp_path):
     run = tmp_path / "stellaris"
     result = dask_rl.train(pipelines / "ppo_cartpole_stellaris.yaml", client=local_client,
                            run_dir=run)
@@ -33,11 +32,29 @@ def test_stellaris_solves_cartpole_with_its_gate_threshold_and_truncation(local_
     rounds = _records(run, "round")
     for key in ("staleness/mean", "staleness/max", "staleness/histogram", "gradients/applied",
                 "gradients/buffered", "gradients/dropped", "learners/active", "lr_scale",
-                "threshold/beta"):
+                "threshold/beta", "threshold/waits"):
         assert key in rounds[-1], key
-    # the gate held stale gradients back at least once, and released on the threshold
+    learners = _records(run, "learner")
+    assert all(r["status"] in ("applied", "buffered", "dropped") for r in learners)
+
+
+def test_stellaris_gate_threshold_and_truncation_at_work(pipelines, tmp_path):
+    """4 learners on 2 workers x 2 threads, a fixed budget: enough overlap that stale gradients
+    meet computing learners, so the gate has something to hold back."""
+    from distributed import Client, LocalCluster
+
+    run = tmp_path / "stellaris"
+    with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster) as client:
+        dask_rl.train(pipelines / "ppo_cartpole_stellaris.yaml", client=client, run_dir=run,
+                      overrides=["stop.env_steps=100000", "stop.solve_on_target=false",
+                                 "stop.eval_every_updates=0", "checkpoint.every_s=0"])
+    rounds = _records(run, "round")
+    # the gate held stale gradients back, and released updates on the threshold
     assert rounds[-1]["threshold/waits"] > 0
     assert rounds[-1]["threshold/released_below"] > 0
+    learners = _records(run, "learner")
+    assert any(r["status"] == "buffered" for r in learners)
     # beta_k = max(delta_max d^k, floor) from the first stale round on
     decayed = [r for r in rounds if r["threshold/delta_max"] is not None]
     assert len(decayed) >= 5
@@ -45,8 +62,6 @@ def test_stellaris_solves_cartpole_with_its_gate_threshold_and_truncation(local_
     for k, r in enumerate(decayed):
         assert r["threshold/beta"] == pytest.approx(max(delta_max * d ** k, 1.0)), k
     # global IS truncation saw other learners' current policies and changed some weights
-    learners = _records(run, "learner")
-    assert all(r["status"] in ("applied", "buffered", "dropped") for r in learners)
     assert max(r["cross_policies"] for r in learners) > 0
     assert max(r.get("losses/is_truncated_frac", 0) for r in learners) > 0
 
