@@ -52,6 +52,7 @@ from dask_rl.staleness import STRATEGIES
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 5
+LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already in flight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,6 +419,17 @@ class Driver(Trainer):
 
     # ---- the end -------------------------------------------------------------------------------
     def _finish(self) -> LearnerSummary:
+        # A learner in flight may already have pushed: let it end so that its env steps and
+        # update are counted (the summary agrees with the actor's state); rollouts are cancelled.
+        learners = [f for f, t in self.inflight.items() if t.kind == "learner"]
+        if learners:
+            try:
+                wait(learners, timeout=LEARNER_DRAIN_S)
+            except TimeoutError:
+                logger.warning("learners still running at the end; their updates are not counted")
+            for fut in learners:
+                if fut.status == "finished":
+                    self._handle(fut, self.inflight.pop(fut))
         cancelled = [f for f, t in self.inflight.items() if t.kind != "eval"]
         if cancelled:
             self.client.cancel(cancelled)
