@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -64,6 +68,112 @@ def trainer_class(cfg: PipelineConfig) -> type:
     return Driver
 
 
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "members")
+# What a resumed run may change: how it runs, not what it learns (the model or the algorithm).
+RESUME_MAY_CHANGE = ("learner", "rollout", "stop", "checkpoint", "cluster", "seed")
+RESUME_ENV_MAY_CHANGE = ("num_envs",)
+
+
+def check_run_dir(cfg: PipelineConfig, run_dir: Path, *, resume: bool) -> None:
+    """Bad run directories, before any cluster starts (:class:`ConfigError`, exit 2).
+
+    A fresh run must not write into a directory that holds a run (nothing saved is
+    overwritten); a resumed run must find its checkpoint, and its pipeline may change how it
+    runs but not the model or the algorithm (:data:`RESUME_MAY_CHANGE`).
+    """
+    if not resume:
+        held = [f for f in RUN_FILES if (run_dir / f).exists()]
+        if held:
+            raise ConfigError(f"{run_dir}: already holds a run ({', '.join(held)}); resume it "
+                              f"with --resume or choose another --run-dir")
+        return
+    from dask_rl.checkpoint import CheckpointError, CheckpointStore
+
+    if cfg.population is not None:
+        return  # each member checks its own checkpoints
+    store = CheckpointStore(cfg.checkpoint.path or run_dir / "checkpoints")
+    try:
+        _, meta, _ = store.load_latest_good()
+    except CheckpointError as e:
+        raise ConfigError(f"--resume: {e}") from None
+    saved = meta.get("config")
+    if saved is None:
+        return
+    now = to_dict(cfg)
+    changed = []
+    for section, value in now.items():
+        if section in RESUME_MAY_CHANGE:
+            continue
+        old = saved.get(section)
+        if section == "env" and isinstance(value, dict) and isinstance(old, dict):
+            value = {k: v for k, v in value.items() if k not in RESUME_ENV_MAY_CHANGE}
+            old = {k: v for k, v in old.items() if k not in RESUME_ENV_MAY_CHANGE}
+        if isinstance(value, dict) and isinstance(old, dict):
+            changed += [f"{section}.{k}" for k in sorted(set(value) | set(old))
+                        if json.dumps(value.get(k), sort_keys=True)
+                        != json.dumps(old.get(k), sort_keys=True)]
+        elif json.dumps(value, sort_keys=True) != json.dumps(old, sort_keys=True):
+            changed.append(section)
+    if changed:
+        raise ConfigError(f"--resume: the pipeline differs from its checkpoint in "
+                          f"{', '.join(changed)} (the model or the algorithm); resume with "
+                          f"the pipeline the run started with")
+
+
+@contextlib.contextmanager
+def _graceful_interrupts(driver: Any):
+    """The first Ctrl-C stops the run after a final checkpoint and summary (``stop_reason``
+    ``interrupted``); a second one aborts at once. Only where signals can be caught (the main
+    thread); elsewhere Ctrl-C keeps Python's behaviour."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if driver.stop_reason == "interrupted":
+            raise KeyboardInterrupt
+        driver.interrupt()
+        print("dask-rl: stopping after a final checkpoint (Ctrl-C again aborts)",
+              file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def check_memory(cfg: PipelineConfig, worker_bytes: int | None) -> None:
+    """Refuse rollout sizes that cannot fit a worker (:mod:`dask_rl.control.memory`)."""
+    if registry.get(cfg.algo.name).family != "learner" or not worker_bytes:
+        return
+    from dask_rl.control.memory import check_fits, rollout_bytes
+    from dask_rl.envs import env_family, env_spaces
+
+    obs_space, _ = env_spaces(cfg.env)
+    need = rollout_bytes(cfg.env.num_envs, cfg.rollout.steps, obs_space.shape,
+                         obs_space.dtype.itemsize, env_family(cfg.env.id))
+    check_fits(need, worker_bytes, num_envs=cfg.env.num_envs, steps=cfg.rollout.steps)
+
+
+def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, client: Any = None,
+              address: str | None = None, workers: int | None = None) -> bool:
+    """The checks that need no cluster: the run directory and, on an embedded cluster, the
+    memory estimate (on another cluster it runs once connected). Returns whether the cluster
+    is embedded."""
+    from dask_rl.runtime.run_lock import RunLock
+
+    RunLock(run_dir).check()
+    check_run_dir(cfg, run_dir, resume=resume)
+    embedded = client is None and address is None and cfg.cluster.kind == "local" \
+        and cfg.cluster.address is None
+    if embedded:
+        from dask_rl.runtime.memory_limits import local_worker_bytes
+
+        check_memory(cfg, local_worker_bytes(cfg.cluster, workers))
+    return embedded
+
+
 def default_run_dir(cfg: PipelineConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = cfg.env.id.replace("/", "-").lower()
@@ -105,18 +215,39 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
     if resume and run_dir is None:
         raise ConfigError("--resume needs the run directory to resume (--run-dir)")
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    embedded = preflight(cfg, run_dir, resume=resume, client=client, address=address,
+                         workers=workers)
     from dask_rl.runtime.cluster import connect
+    from dask_rl.runtime.run_lock import RunLock
 
     def _run(c: Any) -> dict:
-        driver = trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
-        return driver.run().to_dict()
+        if not embedded:
+            from dask_rl.runtime.cluster import cluster_worker_bytes
 
-    if client is not None:
-        summary = _run(client)
-    else:
-        with connect(cfg.cluster, address=address, n_workers=workers) as c:
-            summary = _run(c)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "summary.json", "w") as f:
-        json.dump(summary, f, indent=2)
+            check_memory(cfg, cluster_worker_bytes(c))
+        driver = trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
+        with _graceful_interrupts(driver):
+            return driver.run().to_dict()
+
+    from dask_rl.runtime.run import RunFailed
+
+    with RunLock(run_dir):
+        try:
+            if client is not None:
+                summary = _run(client)
+            else:
+                with connect(cfg.cluster, address=address, n_workers=workers) as c:
+                    summary = _run(c)
+        except RunFailed as e:  # what the run got to, then the one-line error
+            _write_summary(run_dir, e.summary)
+            raise
+        _write_summary(run_dir, summary)
     return RunResult(summary=summary, run_dir=run_dir)
+
+
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    try:
+        with open(run_dir / "summary.json", "w") as f:
+            json.dump(summary, f, indent=2)
+    except OSError as e:  # a full disk: the summary is printed anyway
+        logger.warning("could not write %s: %s", run_dir / "summary.json", e)

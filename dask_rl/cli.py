@@ -101,7 +101,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from dask_rl.api import default_run_dir, resolve, train
+    from dask_rl.api import default_run_dir, preflight, resolve, train
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
@@ -109,9 +109,13 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         if not args.run_dir:
             raise ConfigError("--resume: needs --run-dir naming the run to continue")
-        if not (Path(args.run_dir) / "checkpoints").exists() and cfg.checkpoint.path is None:
-            raise ConfigError(f"--resume: no checkpoints in {args.run_dir}")
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    preflight(cfg, run_dir, resume=args.resume, address=args.address, workers=args.workers)
+    from dask_rl.runtime.cluster import quiet_dask_logging
+
+    # Dask's own log lines (errors come with tracebacks) only when asked for (-v, -vv): a run
+    # that cannot go on ends with dask-rl's one line
+    quiet_dask_logging([logging.CRITICAL, logging.ERROR, logging.DEBUG][min(args.verbose, 2)])
     bar = _Progress(enabled=not args.no_progress, total=cfg.stop.env_steps)
     print(f"dask-rl: training {cfg.algo.name} on {cfg.env.id} -> {run_dir}", file=sys.stderr)
     try:
@@ -121,6 +125,10 @@ def _train(args: argparse.Namespace) -> int:
         bar.close()
     s = result.summary
     print(json.dumps(s, indent=2))
+    if s["stop_reason"] == "interrupted":
+        print(f"dask-rl: interrupted after {s['env_steps']} env steps; checkpoint and summary "
+              f"in {result.run_dir} (--resume continues)", file=sys.stderr)
+        return 130
     verdict = "solved" if s["solved"] else "not solved"
     print(f"dask-rl: {verdict}: greedy return {s['final_return']:.1f} after {s['env_steps']} env "
           f"steps in {s['wall_s']:.1f} s ({s['stop_reason']}); summary in "

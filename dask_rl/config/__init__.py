@@ -5,7 +5,13 @@ Lower layers (algorithms, strategies, environments, models) import the schema mo
 directly; this package's names are for the layers above.
 """
 
-from dask_rl.config.loader import apply_overrides, from_dict, load_pipeline, to_dict
+from dask_rl.config.loader import (
+    apply_overrides,
+    from_dict,
+    load_pipeline,
+    public_dict,
+    to_dict,
+)
 from dask_rl.config.schema import (
                                    AggregationConfig,
                                    AlgoConfig,
@@ -18,4 +24,4 @@ from dask_rl.config.schema import (
 
 __all__ = ["AggregationConfig", "AlgoConfig", "ClusterConfig", "ConfigError", "EnvConfig",
            "ModelConfig", "PipelineConfig", "apply_overrides", "from_dict", "load_pipeline",
-           "to_dict"]
+           "public_dict", "to_dict"]

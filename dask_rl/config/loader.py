@@ -67,6 +67,11 @@ def _variant(base: type, name: Any, path: str) -> type:
     return lookup.config_class(name)
 
 
+MAX_FILE_BYTES = 1 << 20  # a pipeline file larger than this is not a pipeline
+MAX_NODES = 100_000       # values a pipeline may expand to (aliases included)
+MAX_DEPTH = 32
+
+
 def load_pipeline(path: str | os.PathLike, overrides: list[str] | None = None) -> PipelineConfig:
     """Read a pipeline YAML file, apply ``key.path=value`` overrides and validate it.
 
@@ -75,27 +80,68 @@ def load_pipeline(path: str | os.PathLike, overrides: list[str] | None = None) -
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ConfigError(f"pipeline file not found: {path}")
+    if os.path.isdir(path):
+        raise ConfigError(f"{path}: a directory, not a pipeline file")
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; a pipeline is a "
+                          f"short YAML file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a pipeline is a YAML "
+                          f"file") from None
+    if not text.strip() or all(not line.strip() or line.lstrip().startswith("#")
+                               for line in text.splitlines()):
+        raise ConfigError(f"{path}: empty; a pipeline names at least its algorithm and "
+                          f"environment (see pipelines/)")
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-    if data is None:
-        data = {}
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    check_size(data, f"{path}")
     data = apply_overrides(dict(data), overrides or [])
     return from_dict(data)
+
+
+def check_size(data: Any, where: str = "pipeline") -> None:
+    """Refuse a document that expands past :data:`MAX_NODES` values or :data:`MAX_DEPTH`
+    levels (YAML aliases can make a few lines expand exponentially: a "billion laughs").
+
+    The walk counts every reference, stops at the limit, and so does bounded work before
+    anything is copied.
+    """
+    seen = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise ConfigError(f"{where}: expands to more than {MAX_NODES} values (YAML aliases "
+                              f"referring to aliases?); a pipeline is small")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def from_dict(data: Mapping[str, Any], *, check_env: bool = True) -> PipelineConfig:
     """Validate a plain mapping (as read from YAML) into a :class:`PipelineConfig`."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"pipeline: expected a mapping, got {_show(data)}")
+    check_size(data)
     _check_population(data)
     cfg = _build(PipelineConfig, {"algo": {}, "aggregation": {}, **data}, "")
     if check_env:
@@ -122,6 +168,7 @@ def _check_population(data: Mapping[str, Any]) -> None:
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``key.path=value`` strings (values parsed as YAML) to a nested mapping, copying."""
+    check_size(data)
     data = _deepcopy(data)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -165,6 +212,21 @@ def _retag(section: dict, name: str, key: str) -> None:
 def to_dict(cfg: Any) -> dict:
     """A JSON-ready dict of a config (tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+REDACTED = "<redacted>"
+
+
+def public_dict(cfg: Any) -> dict:
+    """:func:`to_dict` for what leaves the driver (metrics, events, checkpoints, the job's
+    ConfigMap): literal ``cluster.kubernetes.env`` values are replaced by
+    :data:`REDACTED` (they may be credentials); ``secretKeyRef`` references are kept."""
+    data = to_dict(cfg)
+    env = (data.get("cluster") or {}).get("kubernetes", {}).get("env") or {}
+    for name, value in env.items():
+        if not isinstance(value, dict):
+            env[name] = REDACTED
+    return data
 
 
 def _deepcopy(d: Any) -> Any:

@@ -140,6 +140,9 @@ class CheckpointConfig:
     heartbeat_s: float = option(2.0, "seconds between pings of the parameter actor", gt=0)
     actor_timeout_s: float = option(30.0, "a parameter actor silent this long is re-created "
                                           "from the latest checkpoint", gt=0)
+    max_recoveries: int = option(5, "a run whose parameter actor is lost more often than "
+                                    "this within recovery_window_s gives up (exit 1)", ge=0)
+    recovery_window_s: float = option(600.0, "the window max_recoveries counts in", gt=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,7 +181,12 @@ class KubernetesConfig:
                                     ge=1)
     parameter_memory: str = option("4Gi", "memory per parameter worker")
     scheduler_memory: str = option("2Gi", "memory of the scheduler")
-    env: dict = option(doc="environment variables for every pod", default_factory=dict)
+    env: dict = option(doc="environment variables for every pod: NAME: value, or NAME: "
+                           "{secretKeyRef: {name: ..., key: ...}} to read a Kubernetes Secret",
+                       default_factory=dict)
+    tls_secret: str | None = option(None, "a Kubernetes Secret with ca.crt, tls.crt and tls.key: "
+                                          "scheduler, workers and the job then talk TLS only, "
+                                          "with mutual authentication")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +200,9 @@ class ClusterConfig:
     memory_limit: str = option("auto", "local: memory limit per worker")
     address: str | None = option(None, "address: the scheduler, tcp://host:8786 or tls://...")
     dashboard: bool = option(True, "local: serve the Dask dashboard (and the /rl page)")
+    dashboard_address: str = option("127.0.0.1:8787", "local: where the dashboard listens "
+                                                      "(this machine only unless changed, "
+                                                      "e.g. :8787 for every interface)")
     profile: bool = option(False, "Dask's statistical profiler on workers of local and rendered "
                                   "Kubernetes clusters (it samples every thread every 10 ms, "
                                   "slows rollouts ~15% and keeps ~110 MB of history per worker)")

@@ -67,6 +67,7 @@ class Discarded:
 
     trajectories: int   # ready (never learned) or taken by a learner that was cancelled
     rollouts: int       # rollouts cancelled before they finished
+    replay: int = 0     # replay-buffer trajectories thrown away
 
 
 class LaunchPolicy(Generic[T]):
@@ -145,7 +146,8 @@ class LaunchPolicy(Generic[T]):
         whose first learner was in flight, and the replay buffer are dropped.
         """
         gone = Discarded(trajectories=len(self.ready) + sum(self.learners),
-                         rollouts=sum(self.running_slots.values()))
+                         rollouts=sum(self.running_slots.values()),
+                         replay=len(self.replay) if self.replay is not None else 0)
         self.idle = sorted({*self.idle, *(s for s in self.running_slots if s < self.slots)})
         self.running_slots.clear()
         self.ready.clear()

@@ -46,10 +46,17 @@ class MetricsLog:
         self.sink = sink
         self.run = run
         self._file = open(self.path, "a", buffering=1)
+        self.lost = 0  # records that could not be written (a full disk): the run goes on
 
     def write(self, kind: str, record: dict[str, Any]) -> dict[str, Any]:
         rec = clean({"kind": kind, "time": time.time(), "run": self.run, **record})
-        self._file.write(json.dumps(rec) + "\n")
+        try:
+            self._file.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            if not self.lost:
+                logger.warning("cannot write %s (%s): metrics records are lost until it "
+                               "works again; training goes on", self.path, e)
+            self.lost += 1
         if self.sink is not None:
             try:
                 self.sink(rec)
@@ -58,7 +65,10 @@ class MetricsLog:
         return rec
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the buffered tail could not be flushed (a full disk)
+            logger.warning("could not flush %s", self.path)
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -44,6 +44,10 @@ class TrainerSummary(RunSummary):
     gradients_applied: int
     gradients_dropped: int
     gradients_rejected: int
+    pushes_refused: int          # repeats, other epochs' or runs' pushes: never applied
+    env_steps_discarded: int     # learned from, then lost when a recovery rolled back
+    updates_discarded: int       # applied, then lost when a recovery rolled back
+    replay_lost: int             # replay-buffer trajectories a recovery threw away
     episodes: int
     actor_apply_share: float     # the actor's gating and applying, a share of wall time
     worker_threads: int

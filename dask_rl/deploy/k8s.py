@@ -19,19 +19,78 @@ from typing import Any
 
 import yaml
 
-from dask_rl.config import PipelineConfig, to_dict
+from dask_rl.config import PipelineConfig, public_dict
 
 API = "kubernetes.dask.org/v1"
 PRELOADS = ("dask_rl.runtime.dashboard", "dask_rl.runtime.adaptive")
 PIPELINE_DIR = "/etc/dask-rl"
 
 
+#: Every pod runs as the image's unprivileged user (k8s/Dockerfile: uid 1000) with no
+#: capabilities and no privilege escalation.
+RUN_AS = 1000
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "privileged": False,
+                      "capabilities": {"drop": ["ALL"]}}
+VALUE_FROM = ("secretKeyRef", "configMapKeyRef")
+
+
 def _env(cfg: PipelineConfig) -> list[dict]:
-    base = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            # as on embedded clusters: the profiler's history costs ~110 MB per worker
-            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(cfg.cluster.profile).lower()}
-    base.update({str(k): str(v) for k, v in cfg.cluster.kubernetes.env.items()})
-    return [{"name": k, "value": v} for k, v in base.items()]
+    """Pod environment: ours, then ``cluster.kubernetes.env`` — a literal value, or
+    ``{secretKeyRef: {name, key}}`` / ``{configMapKeyRef: ...}`` read by Kubernetes in the pod
+    (the secret itself never appears in a manifest, a metrics record or a checkpoint)."""
+    base: dict[str, object] = {
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        # as on embedded clusters: the profiler's history costs ~110 MB per worker
+        "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": str(cfg.cluster.profile).lower()}
+    base.update({str(k): v for k, v in cfg.cluster.kubernetes.env.items()})
+    out = []
+    for name, value in base.items():
+        if isinstance(value, dict):
+            out.append({"name": name, "valueFrom": value})
+        else:
+            out.append({"name": name, "value": str(value)})
+    return out
+
+
+TLS_DIR = "/etc/dask-tls"
+
+
+def _tls_env(cfg: PipelineConfig) -> list[dict]:
+    """Dask's TLS settings from the mounted Secret (every role: scheduler, worker, client)."""
+    if cfg.cluster.kubernetes.tls_secret is None:
+        return []
+    env = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "true",
+           "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": f"{TLS_DIR}/ca.crt"}
+    for role in ("SCHEDULER", "WORKER", "CLIENT"):
+        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = f"{TLS_DIR}/tls.crt"
+        env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = f"{TLS_DIR}/tls.key"
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _scheduler_address(cfg: PipelineConfig) -> list[dict]:
+    """With TLS, where workers and the job find the scheduler (the operator would say tcp://;
+    it keeps an address the pod already sets)."""
+    k = cfg.cluster.kubernetes
+    if k.tls_secret is None:
+        return []
+    return [{"name": "DASK_SCHEDULER_ADDRESS",
+             "value": f"tls://{k.name}-scheduler.{k.namespace}.svc.cluster.local:8786"}]
+
+
+def _pod(containers: list[dict], cfg: PipelineConfig, **extra) -> dict:
+    secret = cfg.cluster.kubernetes.tls_secret
+    for c in containers:
+        c["securityContext"] = dict(CONTAINER_SECURITY)
+        if secret is not None:
+            c["env"] = c["env"] + _tls_env(cfg)
+            c["volumeMounts"] = [*c.get("volumeMounts", []),
+                                 {"name": "dask-tls", "mountPath": TLS_DIR, "readOnly": True}]
+    if secret is not None:
+        extra["volumes"] = [*extra.get("volumes", []),
+                            {"name": "dask-tls", "secret": {"secretName": secret}}]
+    return {"securityContext": dict(POD_SECURITY), **extra, "containers": containers}
 
 
 def _resources(cpu: str | None, memory: str, gpus: int = 0) -> dict:
@@ -51,17 +110,19 @@ def _worker_pod(cfg: PipelineConfig, *, resources: dict, dask_resources: str | N
             "--dashboard", "--dashboard-address", "8788"]
     if dask_resources:
         args += ["--resources", dask_resources]
-    return {"containers": [{
-        "name": "worker", "image": k.image, "args": args, "env": _env(cfg),
-        "resources": resources,
+    return _pod([{
+        "name": "worker", "image": k.image, "args": args,
+        "env": _env(cfg) + _scheduler_address(cfg), "resources": resources,
         "ports": [{"name": "http-dashboard", "containerPort": 8788, "protocol": "TCP"}],
-    }]}
+    }], cfg, automountServiceAccountToken=False)
 
 
 def render_cluster_spec(cfg: PipelineConfig) -> dict:
     """The ``spec`` of the DaskCluster (shared by the cluster and the job)."""
     k = cfg.cluster.kubernetes
     scheduler_args = ["dask", "scheduler", "--host", "0.0.0.0"]
+    if k.tls_secret is not None:
+        scheduler_args += ["--protocol", "tls"]
     for module in PRELOADS:
         scheduler_args += ["--preload", module]
     return {
@@ -72,7 +133,7 @@ def render_cluster_spec(cfg: PipelineConfig) -> dict:
                                 dask_resources=None, threads=cfg.cluster.threads_per_worker),
         },
         "scheduler": {
-            "spec": {"containers": [{
+            "spec": _pod([{
                 "name": "scheduler", "image": k.image, "args": scheduler_args,
                 "env": _env(cfg), "resources": _resources(None, k.scheduler_memory),
                 "ports": [{"name": "tcp-comm", "containerPort": 8786, "protocol": "TCP"},
@@ -82,7 +143,7 @@ def render_cluster_spec(cfg: PipelineConfig) -> dict:
                                    "timeoutSeconds": 300},
                 "livenessProbe": {"httpGet": {"port": "http-dashboard", "path": "/health"},
                                   "initialDelaySeconds": 15, "periodSeconds": 20},
-            }]},
+            }], cfg, automountServiceAccountToken=False),
             "service": {
                 "type": "ClusterIP",
                 "selector": {"dask.org/cluster-name": k.name,
@@ -141,31 +202,54 @@ def render(cfg: PipelineConfig) -> list[dict]:
 def render_job(cfg: PipelineConfig, pipeline_name: str = "pipeline.yaml") -> list[dict]:
     """A ConfigMap with the pipeline and a DaskJob that trains it on its own cluster."""
     k = cfg.cluster.kubernetes
-    job_cfg = to_dict(cfg)  # --address below makes the job pod join the job's own cluster
+    job_cfg = public_dict(cfg)  # --address below makes the job pod join the job's own cluster
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",
                   "metadata": {"name": f"{k.name}-pipeline", "namespace": k.namespace},
                   "data": {pipeline_name: yaml.safe_dump(job_cfg, sort_keys=False)}}
+    account = f"{k.name}-job"
     job = {
         "apiVersion": API, "kind": "DaskJob",
         "metadata": {"name": k.name, "namespace": k.namespace},
         "spec": {
-            "job": {"spec": {
-                "restartPolicy": "Never",
-                "containers": [{
-                    "name": "job", "image": k.image,
-                    "args": ["dask-rl", "train", f"{PIPELINE_DIR}/{pipeline_name}",
-                             "--address", "$(DASK_SCHEDULER_ADDRESS)", "--run-dir",
-                             "/runs/job", "--no-progress"],
-                    "env": _env(cfg),
-                    "volumeMounts": [{"name": "pipeline", "mountPath": PIPELINE_DIR}],
-                }],
-                "volumes": [{"name": "pipeline",
-                             "configMap": {"name": f"{k.name}-pipeline"}}],
-            }},
+            "job": {"spec": _pod([{
+                "name": "job", "image": k.image,
+                "args": ["dask-rl", "train", f"{PIPELINE_DIR}/{pipeline_name}",
+                         "--address", "$(DASK_SCHEDULER_ADDRESS)", "--run-dir",
+                         "/runs/job", "--no-progress"],
+                "env": _env(cfg) + _scheduler_address(cfg),
+                "volumeMounts": [{"name": "pipeline", "mountPath": PIPELINE_DIR},
+                                 {"name": "runs", "mountPath": "/runs"}],
+            }], cfg, restartPolicy="Never", serviceAccountName=account,
+                volumes=[{"name": "pipeline", "configMap": {"name": f"{k.name}-pipeline"}},
+                         {"name": "runs", "emptyDir": {}}])},
             "cluster": {"spec": render_cluster_spec(cfg)},
         },
     }
-    return [config_map, job]
+    return [config_map, *_job_rbac(cfg, account), job]
+
+
+def _job_rbac(cfg: PipelineConfig, account: str) -> list[dict]:
+    """The job pod's ServiceAccount: it may read its own Dask resources (cluster, worker
+    groups, autoscaler) and their pods in its namespace — nothing else; the operator, not the
+    job, creates and scales them."""
+    k = cfg.cluster.kubernetes
+    meta = {"name": account, "namespace": k.namespace,
+            "labels": {"app.kubernetes.io/part-of": "dask-rl"}}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+            "rules": [{"apiGroups": ["kubernetes.dask.org"],
+                       "resources": ["daskclusters", "daskworkergroups", "daskautoscalers"],
+                       "verbs": ["get", "list", "watch"]},
+                      {"apiGroups": [""], "resources": ["pods"],
+                       "verbs": ["get", "list", "watch"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": meta,
+               "subjects": [{"kind": "ServiceAccount", "name": account,
+                             "namespace": k.namespace}],
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                           "name": account}}
+    service_account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+                       "automountServiceAccountToken": True}
+    return [service_account, role, binding]
 
 
 def dump(docs: list[dict]) -> str:

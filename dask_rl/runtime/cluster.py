@@ -51,7 +51,7 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
             threads_per_worker=cfg.threads_per_worker,
             processes=cfg.processes,
             memory_limit=cfg.memory_limit,
-            dashboard_address=":8787" if cfg.dashboard else None,
+            dashboard_address=cfg.dashboard_address if cfg.dashboard else None,
             scheduler_kwargs={"preload": preloads},
             silence_logs=logging.ERROR,
         )
@@ -142,3 +142,21 @@ def place_slots(client: Client, num_slots: int) -> dict[int, str]:
     if not seats:
         return {}
     return {slot: seats[slot % len(seats)] for slot in range(num_slots)}
+
+
+def cluster_worker_bytes(client: Client) -> int | None:
+    """The smallest worker memory limit of a running cluster (None: no limits known)."""
+    limits = [w.get("memory_limit") for w in
+              client.scheduler_info(n_workers=-1)["workers"].values()]
+    limits = [m for m in limits if m]
+    return min(limits) if limits else None
+
+
+def quiet_dask_logging(level: int) -> None:
+    """Set every ``distributed`` logger to ``level`` (distributed configures its loggers when
+    first imported, so this imports it first)."""
+    import distributed  # noqa: F401
+
+    for name in list(logging.root.manager.loggerDict):
+        if name == "distributed" or name.startswith("distributed."):
+            logging.getLogger(name).setLevel(level)

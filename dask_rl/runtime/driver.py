@@ -27,7 +27,7 @@ from distributed import Future, wait
 
 from dask_rl.algos import registry
 from dask_rl.checkpoint import Pending
-from dask_rl.config import to_dict
+from dask_rl.config import public_dict
 from dask_rl.control.accounting import Accounting
 from dask_rl.control.launch import Discarded, LaunchPolicy
 from dask_rl.control.replay import TrajectoryReplay
@@ -39,6 +39,7 @@ from dask_rl.models import get_flat, make_model
 from dask_rl.models.normalizer import empty_moments
 from dask_rl.runtime.adaptive import LOAD_TOPIC
 from dask_rl.runtime.cluster import place_slots
+from dask_rl.runtime.run import RunFailed
 from dask_rl.runtime.tasks import (
     evaluate_task,
     learner_task,
@@ -159,7 +160,9 @@ class Driver(Trainer):
         self.inflight.clear()
         self.round_learners.clear()
         self.trajectory_learner.clear()
-        self._discarded(self.policy.discard_all())
+        gone = self.policy.discard_all()
+        self._discarded(gone)
+        self.replay_lost += gone.replay
         if lost:
             self.client.cancel(lost)
         self.replace_actor(reason)
@@ -194,7 +197,7 @@ class Driver(Trainer):
             logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
                         self.run_name, slots, cfg.learner.max_learners, threads,
                         cfg.aggregation.strategy)
-            self.metrics.write("run", {"event": "start", "config": to_dict(cfg),
+            self.metrics.write("run", {"event": "start", "config": public_dict(cfg),
                                        "rollout_slots": slots})
             self._launch()
             while not self.policy.finished:
@@ -210,6 +213,11 @@ class Driver(Trainer):
                 self.maybe_checkpoint()
                 self.housekeeper.maybe_tidy()
             return self._finish()
+        except RunFailed:
+            raise
+        except Exception:
+            self.check_scheduler()  # a lost scheduler is one line, not this traceback
+            raise
         finally:
             self.close(list(self.inflight))
 
@@ -264,10 +272,11 @@ class Driver(Trainer):
         if task.kind == "rollout":
             self.policy.rollout_failed(task.slot)
             if task.slot in self.round_learners:  # its learner will never come
-                self.actor.submit("learner_lost", self.round_learners.pop(task.slot))
+                self.actor_call("learner_lost", self.round_learners.pop(task.slot),
+                                on_loss="skip")
         elif task.kind == "learner":
             self.policy.learner_failed(task.first_use)
-            self.actor.submit("learner_lost", task.learner_id)
+            self.actor_call("learner_lost", task.learner_id, on_loss="skip")
             self.accounting.dropped(trajectories=int(task.first_use))
 
     def _discarded(self, gone: Discarded) -> None:
@@ -293,7 +302,9 @@ class Driver(Trainer):
         for slot in slots:
             self.learner_seq += 1
             self.round_learners[slot] = f"L{self.learner_seq}"
-        self.actor_call("expect_learners", [self.round_learners[s] for s in slots])
+        # skipped on loss: the recovery drops this round, a new one is announced
+        self.actor_call("expect_learners", [self.round_learners[s] for s in slots],
+                        on_loss="skip")
 
     def _submit_rollout(self, slot: int) -> None:
         self.rollout_seq += 1
@@ -316,7 +327,7 @@ class Driver(Trainer):
         fut = self.client.submit(learner_task, self.run_name, trajectory, self.actor, lid,
                                  self._learning_rate(),
                                  learner_seed(self.cfg.seed, int(lid[1:])),
-                                 overrides or None, first_use, pure=False,
+                                 overrides or None, first_use, int(lid[1:]), pure=False,
                                  key=f"learner-{lid}-{self.run_name}", **kwargs)
         self.inflight[fut] = _Task("learner", learner_id=lid, first_use=first_use,
                                    concurrent=concurrent)
@@ -415,7 +426,16 @@ class Driver(Trainer):
         return fut
 
     def _evaluate_now(self) -> Evaluation:
-        return self._submit_eval().result()
+        while True:
+            fut = self._submit_eval()
+            self.inflight.pop(fut, None)
+            try:
+                return fut.result()
+            except Exception as e:
+                if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
+                    raise
+                self.on_actor_lost(f"the final evaluation failed and the parameter actor is "
+                                   f"gone: {e!r}")
 
     # ---- the end -------------------------------------------------------------------------------
     def _finish(self) -> LearnerSummary:
@@ -437,6 +457,7 @@ class Driver(Trainer):
         self._discarded(self.policy.discard_all())
         if not self.supervisor.alive():
             self.on_actor_lost("the parameter actor was lost at the end of the run")
+        self.checkpoint()  # the final policy is safe before the last calls
         final = self.final_evaluation(self._evaluate_now)
         fields = self.trainer_summary(final)
         busy = max(fields["wall_s"] * fields["worker_threads"], 1e-9)

@@ -18,12 +18,13 @@ import time
 import numpy as np
 
 from dask_rl.algos import es
-from dask_rl.config import ConfigError, to_dict
+from dask_rl.config import ConfigError, public_dict
 from dask_rl.data import ESStep, Evaluation, PerturbationResult
 from dask_rl.data.summary import ESSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat, make_policy
 from dask_rl.models.normalizer import empty_moments, merge_moments
+from dask_rl.runtime.run import RunFailed
 from dask_rl.runtime.tasks import es_evaluate_task, es_noiseless_task, es_update_task
 from dask_rl.runtime.trainer import Trainer
 from dask_rl.staleness.asynchronous import AsyncConfig
@@ -71,7 +72,7 @@ class ESDriver(Trainer):
     def run(self) -> ESSummary:
         try:
             self.open()
-            self.metrics.write("run", {"event": "start", "config": to_dict(self.cfg),
+            self.metrics.write("run", {"event": "start", "config": public_dict(self.cfg),
                                        "num_params": self.num_params})
             while self.stop_reason is None:
                 reason = self.budget_reason()
@@ -82,19 +83,43 @@ class ESDriver(Trainer):
                 self.check_heartbeat()
                 self.maybe_checkpoint()
                 self.housekeeper.maybe_tidy()
-            final = self.final_evaluation(lambda: self._noiseless().result())
+            self.checkpoint()  # the final policy is safe before the last calls
+            final = self.final_evaluation(self._final_noiseless)
             cfg = self.cfg.algo
             return self.end(ESSummary(**self.trainer_summary(final), generations=self.generation,
                                       population=2 * cfg.pairs,
                                       pairs_per_task=cfg.pairs_per_task))
+        except RunFailed:
+            raise
+        except Exception:
+            self.check_scheduler()  # a lost scheduler is one line, not this traceback
+            raise
         finally:
             self.close()
+
+    def _final_noiseless(self) -> Evaluation:
+        while True:
+            got = self._gather([self._noiseless()])
+            if got is not None:
+                return got[0]
 
     def _noiseless(self):
         self.evals += 1
         return self.client.submit(es_noiseless_task, self.run_name, self.actor,
                                   self.cfg.stop.eval_episodes, 10_000 * self.evals, pure=False,
                                   key=f"es-noiseless-{self.evals}-{self.run_name}")
+
+    def _gather(self, futures: list, also: list = ()) -> list | None:
+        """The futures' results, or None (all of them and ``also`` cancelled) when a task
+        failed because the parameter actor is gone; the actor is then recovered."""
+        try:
+            return self.client.gather(futures)
+        except Exception as e:
+            if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
+                raise
+            self.client.cancel([*futures, *also])
+            self.on_actor_lost(f"an ES task failed and the parameter actor is gone: {e!r}")
+            return None
 
     def _generation(self) -> None:
         cfg = self.cfg.algo
@@ -110,14 +135,10 @@ class ESDriver(Trainer):
                 es_evaluate_task, self.run_name, self.actor, version, idx[sl], seeds[sl],
                 pure=False, key=f"es-eval-{self.generation}-{start}-{self.run_name}"))
         evaluation = self._noiseless() if self.generation % cfg.eval_every == 0 else None
-        try:
-            results: list[PerturbationResult] = self.client.gather(tasks)
-        except Exception as e:  # a lost actor takes the generation with it
-            if not self.supervisor.alive(timeout=5.0):
-                self.client.cancel(tasks + ([evaluation] if evaluation else []))
-                self.on_actor_lost(f"an ES task failed and the parameter actor is gone: {e!r}")
-                return
-            raise
+        results: list[PerturbationResult] | None = self._gather(
+            tasks, also=[evaluation] if evaluation else [])
+        if results is None:
+            return
         returns = np.concatenate([r.returns for r in results])
         lengths = np.concatenate([r.lengths for r in results])
         moments = None
@@ -127,18 +148,22 @@ class ESDriver(Trainer):
         weights = es.weights(returns)
         update = self.client.submit(
             es_update_task, self.run_name, self.actor, version, idx, weights,
-            {"obs": moments} if moments is not None else None, pure=False,
+            {"obs": moments} if moments is not None else None, self.generation, pure=False,
             workers=[self.supervisor.address], allow_other_workers=True,
             key=f"es-update-{self.generation}-{self.run_name}")
-        step: ESStep = update.result()
+        got = self._gather([update], also=[evaluation] if evaluation else [])
+        if got is None:  # the actor was lost around the update: the generation is redone
+            return
+        step: ESStep = got[0]
         self.updates = step.ack.version
         self.generation += 1
         self.env_steps += int(lengths.sum())
         self.episodes += returns.size * cfg.episodes
         self.returns.extend(returns.ravel().tolist())
         if evaluation is not None:  # noiseless episodes are not counted as training steps
-            result: Evaluation = evaluation.result()
-            self.record_eval(result)
+            evaluated = self._gather([evaluation])
+            if evaluated is not None:
+                self.record_eval(evaluated[0])
         seconds = time.perf_counter() - t0
         record = {"generation": self.generation, "env_steps": self.env_steps,
                   "updates": self.updates, "wall_s": self.elapsed(),

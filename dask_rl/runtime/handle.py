@@ -21,9 +21,12 @@ from distributed import Actor, get_worker
 
 
 class ActorHandle:
-    def __init__(self, actor: Actor, *, timeout: float | None = None):
+    """``epoch`` is the token of the actor's incarnation (what its pushes must name)."""
+
+    def __init__(self, actor: Actor, *, timeout: float | None = None, epoch: str | None = None):
         self.actor = actor
         self.timeout = timeout
+        self.epoch = epoch
 
     @property
     def key(self) -> str:

@@ -16,6 +16,13 @@ Dask runs an actor's methods on one dedicated thread; tasks on the actor's own w
 in-process through :class:`ActorHandle` instead of a loop-back RPC, so every public method holds
 ``self.lock``. Calls may arrive out of order; each push carries the version its learner pulled,
 which is all the strategy needs.
+
+Exactly once: a push names its run, the actor's *epoch* (a token drawn when this actor was
+created) and its task's sequence number. A sequence number seen before (a learner task re-run
+by Dask after its worker died having already pushed, a retried task), another run's push and
+a push from another epoch (a lost actor's learner) are refused and counted, never applied.
+The sequence numbers seen are part of the checkpoint, so a re-created actor refuses exactly
+what its checkpoint already holds.
 """
 
 from __future__ import annotations
@@ -67,12 +74,20 @@ class ParameterActor:
         (:attr:`~dask_rl.algos.base.Needs.target_network_every`); None keeps none.
     optimizer
         How aggregated gradients are applied: ``sgd`` (``theta -= alpha0 * g``) or ``adam``.
+    run, epoch
+        The run this actor serves and this incarnation's token; pushes naming another are
+        refused.
     """
 
     def __init__(self, params: np.ndarray, aggregation: Any, *,
                  moments: dict | None = None, keep_versions: int = 0,
-                 optimizer: str = "sgd", learners: int = 1, target_every: int | None = None):
+                 optimizer: str = "sgd", learners: int = 1, target_every: int | None = None,
+                 run: str | None = None, epoch: str | None = None):
         self.lock = threading.RLock()
+        self.run = run
+        self.epoch = epoch
+        self.seen: set[int] = set()  # sequence numbers of the pushes taken (exactly once)
+        self.refused = 0
         self.aggregation = aggregation
         self.strategy = make_strategy(aggregation, learners=learners)
         self.optimizer = make_optimizer(optimizer, np.zeros(len(params), np.float32))
@@ -154,15 +169,25 @@ class ParameterActor:
     @_locked
     def push(self, delta: np.ndarray, version: int, learner_id: str, *,
              opt_state: dict | None = None, moments: dict | None = None,
-             finite_loss: bool = True) -> PushAck:
+             finite_loss: bool = True, seq: int | None = None, epoch: str | None = None,
+             run: str | None = None) -> PushAck:
         """A learner's parameter delta (the strategy's *gradient*), computed on ``version``.
         Returns what became of it.
 
-        A delta with NaN or infinite values, of the wrong size, or from a learner whose loss
-        was not finite is rejected: counted, never applied.
+        ``seq`` (the task's sequence number in its run), ``epoch`` and ``run`` make the push
+        exactly-once: a repeat, another epoch's or another run's push is ``refused`` (nothing
+        of it is applied or merged). A delta with NaN or infinite values, of the wrong size, or
+        from a learner whose loss was not finite is ``rejected``: counted, never applied.
         """
         t0 = time.perf_counter()
         self.pushes += 1
+        refusal = self._refusal(seq, epoch, run)
+        if refusal:
+            self.refused += 1
+            logger.warning("refused a push from %s: %s", learner_id, refusal)
+            return PushAck("refused", self.current.version)
+        if seq is not None:
+            self.seen.add(int(seq))
         self.learning.pop(learner_id, None)
         self.published.pop(learner_id, None)
         if moments and self.current.moments:
@@ -191,6 +216,15 @@ class ParameterActor:
         else:
             status = "buffered"
         return PushAck(status, self.current.version, staleness)
+
+    def _refusal(self, seq: int | None, epoch: str | None, run: str | None) -> str | None:
+        if run is not None and self.run is not None and run != self.run:
+            return f"it belongs to run {run!r}, this actor to {self.run!r}"
+        if epoch is not None and self.epoch is not None and epoch != self.epoch:
+            return f"it was meant for the actor of epoch {epoch}, this is {self.epoch}"
+        if seq is not None and int(seq) in self.seen:
+            return f"push {seq} was already taken"
+        return None
 
     @_locked
     def ping(self) -> int:
@@ -236,7 +270,8 @@ class ParameterActor:
         m = self.strategy.metrics()
         assert m["version"] == self.current.version, "strategy and actor disagree"
         m.update({"gradients/rejected": self.rejected, "actor/apply_s": self.apply_s,
-                  "actor/pushes": self.pushes,
+                  "actor/pushes": self.pushes, "pushes/refused": self.refused,
+                  "pushes/distinct": len(self.seen),
                   "learners/exchange_skipped": self.exchange_skipped})
         return m
 
@@ -249,7 +284,9 @@ class ParameterActor:
                      for k, v in self.optimizer.state_dict().items()}
         return {"params": cur.params, "version": cur.version, "moments": cur.moments,
                 "optimizer": optimizer, "learner_opt": self.opt_state, "target": self.target,
-                "strategy": self.strategy.state_dict(), "rejected": self.rejected}
+                "strategy": self.strategy.state_dict(), "rejected": self.rejected,
+                "refused": self.refused,
+                "seen": np.fromiter(sorted(self.seen), np.int64, len(self.seen))}
 
     @_locked
     def load_state_dict(self, state: dict) -> int:
@@ -260,6 +297,8 @@ class ParameterActor:
         if self.target_every:
             self.target = state.get("target")
         self.rejected = int(state.get("rejected", 0))
+        self.refused = int(state.get("refused", 0))
+        self.seen = {int(s) for s in np.asarray(state.get("seen", ()), np.int64)}
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
                                       state.get("moments"))
         if self.target_every and self.target is None:

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from dask_rl.algos import pbt
-from dask_rl.config import PipelineConfig, to_dict
+from dask_rl.config import PipelineConfig, public_dict
 from dask_rl.data.summary import LearnerSummary, MemberSummary, PBTSummary
 from dask_rl.runtime.driver import Driver
 from dask_rl.runtime.run import Run
@@ -50,11 +50,17 @@ class PBTDriver(Run):
         self.errors: dict[int, BaseException] = {}
 
     def _member_config(self, i: int) -> PipelineConfig:
-        # Each member is an ordinary trainer with its own seed and no population of its own.
-        return dataclasses.replace(self.cfg, seed=self.cfg.seed * 1000 + i, population=None)
+        # Each member is an ordinary trainer with its own seed, no population of its own and
+        # its own checkpoint store (never one shared through checkpoint.path).
+        ckpt = self.cfg.checkpoint
+        if ckpt.path is not None:
+            ckpt = dataclasses.replace(ckpt, path=f"{ckpt.path.rstrip('/')}/members/m{i}")
+        return dataclasses.replace(self.cfg, seed=self.cfg.seed * 1000 + i, population=None,
+                                   checkpoint=ckpt)
 
     def run(self) -> PBTSummary:
-        self.open_run()
+        path = self.cfg.checkpoint.path
+        self.open_run(f"{path.rstrip('/')}/population" if path else None)
         t0 = self.t0
         try:
             state = self._restore() if self.resume else None
@@ -92,6 +98,11 @@ class PBTDriver(Run):
         finally:
             self.close()
 
+    def interrupt(self) -> None:
+        super().interrupt()
+        for member in self.members:
+            member.interrupt()
+
     def _train(self, i: int) -> None:
         try:
             self.results[i] = self.members[i].run()
@@ -123,8 +134,14 @@ class PBTDriver(Run):
 
     def _exploit(self, loser: int, winner: int) -> None:
         dst, src = self.members[loser], self.members[winner]
-        version = self.client.submit(copy_parameters_task, src.actor, dst.actor,
-                                     pure=False).result()
+        try:
+            version = self.client.submit(copy_parameters_task, src.actor, dst.actor,
+                                         pure=False).result()
+        except Exception as e:  # a member's actor was lost: it recovers on its own
+            self._log({"event": "exploit_failed", "member": loser, "parent": winner,
+                       "env_steps": dst.env_steps, "error": repr(e)})
+            logger.warning("member %d could not copy member %d: %r", loser, winner, e)
+            return
         old = dict(dst.hparams)
         dst.hparams = pbt.explore(src.hparams, self.space, self.rng,
                                   resample_probability=self.pop.resample_probability,
@@ -151,7 +168,7 @@ class PBTDriver(Run):
                  "lineage": self.lineage}
         return self.store.save({"pbt": state},
                                meta={"algorithm": f"pbt-{self.cfg.algo.name}",
-                                     "env_id": self.cfg.env.id, "config": to_dict(self.cfg)})
+                                     "env_id": self.cfg.env.id, "config": public_dict(self.cfg)})
 
     def _restore(self) -> dict:
         state, _, name = self.store.load_latest_good(
@@ -199,7 +216,7 @@ class PBTDriver(Run):
             best_return=max(m.best_return or -np.inf for m in members),
             target_return=target,
             solved=target is not None and best.final_return >= target,
-            stop_reason="members_done",
+            stop_reason=self.stop_reason or "members_done",
             staleness_mean=float(np.mean([r.staleness_mean for r in results])),
             staleness_max=max(r.staleness_max for r in results),
             recoveries=sum(r.recoveries for r in results),

@@ -39,6 +39,15 @@ from dask_rl.runtime.plugins import register_torch_sizeof
 logger = logging.getLogger(__name__)
 
 
+class RunFailed(RuntimeError):
+    """The run cannot go on (a crash loop, the scheduler gone). ``summary`` is what it got
+    to — ``summary.json`` is still written — and the message is the one line the user sees."""
+
+    def __init__(self, message: str, summary: dict):
+        super().__init__(message)
+        self.summary = summary
+
+
 class Run(abc.ABC):
     """Base of the drivers; :meth:`run` returns the summary.
 
@@ -101,6 +110,29 @@ class Run(abc.ABC):
     def _publish(self, record: dict) -> None:
         self.client.log_event(TOPIC, record)
 
+    def fail(self, reason: str, stop_reason: str) -> RunFailed:
+        """A :class:`RunFailed` carrying this run's counters and its latest checkpoint."""
+        try:
+            latest = self.store.latest() if hasattr(self, "store") else None
+        except Exception:  # a damaged pointer: --resume falls back by itself
+            latest = None
+        summary = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
+                   "env_steps": self.env_steps, "updates": self.updates,
+                   "wall_s": self.elapsed(), "best_return": self.best_return,
+                   "stop_reason": stop_reason, "error": reason,
+                   "recoveries": self.recoveries, "latest_checkpoint": latest,
+                   "run": self.run_name}
+        if hasattr(self, "metrics"):
+            self.metrics.write("run", {"event": "failed", **summary})
+        resume = f"; the latest checkpoint ({latest}) is intact: --resume continues" \
+            if latest else ""
+        return RunFailed(f"{reason}{resume}", summary)
+
+    def check_scheduler(self) -> None:
+        """Raise :class:`RunFailed` if the client lost its scheduler (nothing can go on)."""
+        if self.client.status not in ("running", "newly-created"):
+            raise self.fail(f"lost the scheduler ({self.client.status})", "scheduler_lost")
+
     # ---- counters ------------------------------------------------------------------------------
     def elapsed(self) -> float:
         return time.time() - self.t0 + self.wall_offset
@@ -136,9 +168,16 @@ class Run(abc.ABC):
                 and self.stop_reason is None):
             self.stop_reason = "solved"
 
+    def interrupt(self) -> None:
+        """Stop soon (Ctrl-C): no new work, a final checkpoint and summary, no final
+        evaluation when one exists already. Safe to call from a signal handler."""
+        if self.stop_reason is None:
+            self.stop_reason = "interrupted"
+
     def final_evaluation(self, evaluate: Callable[[], Evaluation]) -> Evaluation:
-        """The evaluation the summary reports: the one that solved the run, or a new one."""
-        if self.stop_reason == "solved" and self.last_eval is not None:
+        """The evaluation the summary reports: the one that solved the run (or, for an
+        interrupted run, the last one), or a new one."""
+        if self.stop_reason in ("solved", "interrupted") and self.last_eval is not None:
             return self.last_eval
         result = evaluate()
         self.record_eval(result)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -74,11 +75,13 @@ class ActorSupervisor:
             live = [w for w in self.client.scheduler_info(n_workers=-1)["workers"] if w != avoid]
             workers = [w for w in (workers or live) if w != avoid] or None
         placement = {"workers": workers, "allow_other_workers": True} if workers else {}
+        generation = next(self.generation)
+        epoch = f"{generation}-{uuid.uuid4().hex[:8]}"  # unique across driver processes too
         future = self.client.submit(
             ParameterActor, self.params, self.aggregation, moments=self.moments,
             keep_versions=keep, learners=cfg.learner.max_learners, optimizer=self.optimizer,
-            target_every=self.target_every,
-            actor=True, pure=False, key=f"parameter-actor-{next(self.generation)}-{self.name}",
+            target_every=self.target_every, run=self.name, epoch=epoch,
+            actor=True, pure=False, key=f"parameter-actor-{generation}-{self.name}",
             **placement)
         try:
             actor = future.result(timeout=max(cfg.checkpoint.actor_timeout_s, 60.0))
@@ -88,7 +91,7 @@ class ActorSupervisor:
                 f"{max(cfg.checkpoint.actor_timeout_s, 60.0):g} s: no worker took the task "
                 f"(are all workers paused for memory, or none of the allowed ones alive?)"
             ) from None
-        handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s)
+        handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s, epoch=epoch)
         self._future = future  # keeps the actor alive
         return handle
 

@@ -41,11 +41,13 @@ def rollout_task(run: str, slot: int, actor: Any) -> Trajectory:
 
 def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: float,
                  seed: int, algo_overrides: dict | None = None,
-                 first_use: bool = True) -> LearnerReport:
+                 first_use: bool = True, seq: int | None = None) -> LearnerReport:
     """Pull the current version, learn from ``traj``, push the delta; return a report.
 
     A replayed trajectory (``first_use`` False) pushes no observation/return statistics: they
-    were merged when it was first learned from.
+    were merged when it was first learned from. ``seq``, the task's sequence number in the run,
+    makes the push exactly-once: if Dask runs this task again (its worker died after the push),
+    the actor refuses the second push.
     """
     t0 = time.perf_counter()
     state = run_state(run)
@@ -61,7 +63,7 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     t_learned = time.perf_counter()
     ack = actor.call("push", update.delta, update.version, learner_id,
                      opt_state=update.opt_state, moments=traj.moments if first_use else None,
-                     finite_loss=update.finite)
+                     finite_loss=update.finite, seq=seq, epoch=actor.epoch, run=run)
     t_pushed = time.perf_counter()
     return LearnerReport(
         ack=ack, version_pulled=snapshot.version,
@@ -125,15 +127,18 @@ def es_evaluate_task(run: str, actor: Any, version: int, indices,
     return w.evaluate(indices, seeds)
 
 
-def es_update_task(run: str, actor: Any, version: int, indices, weights, moments) -> ESStep:
-    """The ES update, computed beside the parameters from the local noise table."""
+def es_update_task(run: str, actor: Any, version: int, indices, weights, moments,
+                   seq: int | None = None) -> ESStep:
+    """The ES update, computed beside the parameters from the local noise table; ``seq`` (the
+    generation) makes it exactly-once, as a learner's push."""
     from dask_rl.algos import es
 
     state = run_state(run)
     snapshot = actor.call("pull")
     g = es.weighted_noise(weights, indices, state.noise, len(snapshot.params))
     direction = es.descent_direction(g, snapshot.params, state.cfg.algo.l2)
-    ack: PushAck = actor.call("push", direction, version, "es", moments=moments)
+    ack: PushAck = actor.call("push", direction, version, "es", moments=moments, seq=seq,
+                              epoch=actor.epoch, run=run)
     return ESStep(ack=ack, grad_norm=float(np.linalg.norm(g)))
 
 

@@ -17,6 +17,7 @@ flight before the actor is replaced).
 from __future__ import annotations
 
 import abc
+import collections
 import logging
 import time
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from dask_rl.checkpoint import Pending
-from dask_rl.config import to_dict
+from dask_rl.config import public_dict
 from dask_rl.data import Evaluation
 from dask_rl.runtime.cluster import rl_page
 from dask_rl.runtime.handle import ActorHandle
@@ -38,6 +39,15 @@ logger = logging.getLogger(__name__)
 
 class Trainer(Run):
     """A run whose parameters live in one supervised parameter actor (see the module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.loss_times: collections.deque[float] = collections.deque()
+        # what recoveries threw away (checkpointed with the driver's counters)
+        self.env_steps_discarded = 0
+        self.updates_discarded = 0
+        self.replay_lost = 0
+        self.checkpoint_failures = 0
 
     # ---- hooks ---------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -86,8 +96,8 @@ class Trainer(Run):
                                           moments=moments, **self.actor_options())
         if self.resume:
             self._restore()
-        else:
-            self.checkpoint()  # recovery always has a checkpoint to return to
+        elif self.checkpoint() is None:  # recovery always has a checkpoint to return to
+            raise RuntimeError(f"cannot write the first checkpoint to {self.store.root}")
         self.last_checkpoint = time.time()
 
     @property
@@ -100,8 +110,24 @@ class Trainer(Run):
         if every > 0 and time.time() - self.last_checkpoint >= every:
             self.checkpoint()
 
-    def checkpoint(self) -> str:
-        """Write the actor's and the driver's state as one checkpoint now."""
+    def checkpoint(self) -> str | None:
+        """Write the actor's and the driver's state as one checkpoint now.
+
+        A checkpoint that cannot be written (a full disk, a store that went away) is logged
+        and skipped: the previous one stays ``latest`` (a commit is atomic) and the run goes
+        on; the next attempt comes after ``checkpoint.every_s``. Returns the name, or None.
+        """
+        try:
+            return self._write_checkpoint()
+        except OSError as e:
+            self.last_checkpoint = time.time()
+            self.checkpoint_failures += 1
+            logger.warning("could not write a checkpoint (%s); the previous one is kept", e)
+            self.metrics.write("checkpoint_failed", {"error": repr(e),
+                                                     "env_steps": self.env_steps})
+            return None
+
+    def _write_checkpoint(self) -> str:
         t0 = time.perf_counter()
         pending = self.store.begin()
         count, extra_meta = self.write_extra(pending)
@@ -109,9 +135,11 @@ class Trainer(Run):
         driver = {"env_steps": self.env_steps, "evals": self.evals, "wall_s": self.elapsed(),
                   "best_return": self.best_return, "recoveries": self.recoveries,
                   "episodes": self.episodes, "recent_returns": list(self.returns),
+                  "env_steps_discarded": self.env_steps_discarded,
+                  "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
                   **self.driver_state()}
         meta = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
-                "config": to_dict(self.cfg), "env_steps": self.env_steps,
+                "config": public_dict(self.cfg), "env_steps": self.env_steps,
                 "updates": actor_state["version"], "time": time.time(), **extra_meta}
         name = self.store.commit(pending, {"actor": actor_state, "driver": driver}, meta=meta,
                                  replay=count)
@@ -140,6 +168,9 @@ class Trainer(Run):
         self.best_return = d.get("best_return")
         self.recoveries = int(d.get("recoveries", 0))
         self.episodes = int(d.get("episodes", 0))
+        self.env_steps_discarded = int(d.get("env_steps_discarded", 0))
+        self.updates_discarded = int(d.get("updates_discarded", 0))
+        self.replay_lost = int(d.get("replay_lost", 0))
         self.returns.extend(d.get("recent_returns", []))
         self.load_driver_state(d)
         logger.info("resumed from %s at %d env steps, version %d", name, self.env_steps,
@@ -148,41 +179,80 @@ class Trainer(Run):
                                       "updates": self.updates})
 
     # ---- the actor -----------------------------------------------------------------------------
-    def actor_call(self, method: str, *args, **kwargs):
-        """Call the parameter actor from the driver; a lost actor is re-created first."""
-        try:
-            return self.actor.call(method, *args, **kwargs)
-        except (OSError, TimeoutError) as e:
-            if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
-                raise
-            self.on_actor_lost(f"the parameter actor is gone ({e!r})")
-            return self.actor.call(method, *args, **kwargs)
+    def actor_call(self, method: str, *args, on_loss: str = "retry", **kwargs):
+        """Call the parameter actor from the driver: the one place that does.
+
+        If the call fails and the actor does not answer a ping, the actor is recovered from
+        the latest checkpoint (:meth:`on_actor_lost`) and the call is retried on the new actor
+        (``on_loss="retry"``) or skipped, returning None (``on_loss="skip"``: calls whose
+        purpose died with the old actor, such as releasing a lost learner). A failure of a live
+        actor is the method's own error and is raised.
+        """
+        while True:
+            try:
+                return self.actor.call(method, *args, **kwargs)
+            except Exception as e:  # lost worker, closed comm, timeout, cancelled actor...
+                if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
+                    raise
+                self.on_actor_lost(f"the parameter actor is gone ({type(e).__name__} during "
+                                   f"{method})")
+                if on_loss == "skip":
+                    return None
 
     def check_heartbeat(self) -> None:
-        """Every ``checkpoint.heartbeat_s``: recover an actor that does not answer."""
+        """Every ``checkpoint.heartbeat_s``: recover an actor that does not answer (and give
+        up at once if the scheduler is gone)."""
+        self.check_scheduler()
         if self.supervisor.heartbeat_due() and not self.supervisor.alive():
             self.on_actor_lost("the parameter actor missed its heartbeat")
 
     def replace_actor(self, reason: str) -> str:
-        """Re-create a lost or hung parameter actor from the latest checkpoint."""
+        """Re-create a lost or hung parameter actor from the latest checkpoint.
+
+        What the rollback throws away is counted: the updates applied since the checkpoint
+        and the env steps their learners learned from. More than ``checkpoint.max_recoveries``
+        losses within ``checkpoint.recovery_window_s`` (a crash loop) end the run with a
+        RuntimeError naming the cause.
+        """
+        self.check_scheduler()
+        cfg = self.cfg.checkpoint
+        now = time.time()
+        self.loss_times.append(now)
+        while self.loss_times and now - self.loss_times[0] > cfg.recovery_window_s:
+            self.loss_times.popleft()
+        if len(self.loss_times) > cfg.max_recoveries:
+            raise self.fail(
+                f"the parameter actor was lost {len(self.loss_times)} times within "
+                f"{cfg.recovery_window_s:g} s (checkpoint.max_recoveries={cfg.max_recoveries}); "
+                f"last: {reason}", "crash_loop")
         self.recoveries += 1
         logger.warning("recovery %d: %s", self.recoveries, reason)
-        before = self.updates
-        self.supervisor.replace()
-        _, _, name = self.load_checkpoint()
+        before, steps_before = self.updates, self.env_steps
+        for attempt in range(3):  # the new actor's worker may die while it is being loaded
+            self.supervisor.replace()
+            try:
+                state, _, name = self.load_checkpoint()
+                break
+            except Exception:
+                if attempt == 2 or self.supervisor.alive(timeout=5.0):
+                    raise
+                logger.warning("the new parameter actor was lost while loading; again")
+        kept_steps = int(state["driver"]["env_steps"])
+        self.updates_discarded += max(before - self.updates, 0)
+        self.env_steps_discarded += max(steps_before - kept_steps, 0)
         self.metrics.write("recovery", {"reason": reason, "checkpoint": name,
                                         "version_lost": before, "version": self.updates,
                                         "env_steps": self.env_steps,
+                                        "env_steps_discarded": steps_before - kept_steps,
                                         "recoveries": self.recoveries,
                                         "actor_worker": self.supervisor.address})
         return name
 
     # ---- the end -------------------------------------------------------------------------------
     def trainer_summary(self, final: Evaluation) -> dict[str, Any]:
-        """The fields of :class:`~dask_rl.data.summary.TrainerSummary`, after a last
-        checkpoint."""
+        """The fields of :class:`~dask_rl.data.summary.TrainerSummary` (the caller wrote the
+        final checkpoint)."""
         actor_metrics = self.actor_call("metrics")
-        self.checkpoint()
         wall = self.elapsed()
         return {
             "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
@@ -199,6 +269,9 @@ class Trainer(Run):
             "gradients_applied": actor_metrics["gradients/applied"],
             "gradients_dropped": actor_metrics["gradients/dropped"],
             "gradients_rejected": actor_metrics["gradients/rejected"],
+            "pushes_refused": actor_metrics["pushes/refused"],
+            "env_steps_discarded": self.env_steps_discarded,
+            "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
             "episodes": self.episodes,
             "actor_apply_share": actor_metrics["actor/apply_s"] / max(wall, 1e-9),
             "worker_threads": sum(self.client.nthreads().values()),

@@ -32,10 +32,34 @@ VALIDATORS = {kind: jsonschema.validators.validator_for(schema)(schema)
 
 
 def _validate(doc: dict) -> None:
-    if doc["apiVersion"] == "v1":  # core resources (the job's ConfigMap)
-        assert doc["kind"] == "ConfigMap" and doc["data"]
+    if doc["apiVersion"] == "v1":  # core resources: the job's ConfigMap and ServiceAccount
+        assert doc["kind"] in ("ConfigMap", "ServiceAccount"), doc["kind"]
+        assert doc["metadata"]["name"] and doc["metadata"]["namespace"]
+        assert doc["kind"] != "ConfigMap" or doc["data"]
+        return
+    if doc["apiVersion"] == "rbac.authorization.k8s.io/v1":
+        assert doc["kind"] in ("Role", "RoleBinding")
+        if doc["kind"] == "Role":
+            for rule in doc["rules"]:
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule  # read only
+        else:
+            assert doc["roleRef"]["kind"] == "Role" and doc["subjects"]
         return
     VALIDATORS[doc["kind"]].validate(doc)
+
+
+def _pods(doc: dict) -> list[dict]:
+    """The pod specs inside a Dask resource."""
+    spec = doc.get("spec", {})
+    out = []
+    if doc["kind"] == "DaskJob":
+        out.append(spec["job"]["spec"])
+        spec = spec["cluster"]["spec"]
+    if doc["kind"] in ("DaskCluster", "DaskJob"):
+        out += [spec["worker"]["spec"], spec["scheduler"]["spec"]]
+    if doc["kind"] == "DaskWorkerGroup":
+        out.append(spec["worker"]["spec"])
+    return out
 
 
 def test_all_four_crds_are_there():
@@ -65,7 +89,42 @@ def test_every_pipeline_renders_valid_manifests(pipeline):
         _validate(doc)
         kinds.append(doc["kind"])
     assert kinds == ["DaskCluster", "DaskWorkerGroup", "DaskWorkerGroup", "DaskAutoscaler",
-                     "ConfigMap", "DaskJob"]
+                     "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "DaskJob"]
+
+
+def test_every_pod_runs_unprivileged_and_only_the_job_holds_a_token():
+    cfg = load_pipeline(ROOT / "k8s" / "pipeline.yaml")
+    docs = k8s.render(cfg) + k8s.render_job(cfg)
+    pods = [(d["kind"], p) for d in docs for p in _pods(d)]
+    assert len(pods) == 2 + 2 + 3  # cluster (scheduler, workers), 2 groups, job (+ its cluster)
+    for kind, pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == \
+                ["ALL"]
+        if "serviceAccountName" in pod:
+            assert pod["serviceAccountName"] == "dask-rl-hopper-job"
+        else:
+            assert pod["automountServiceAccountToken"] is False
+    dockerfile = (ROOT / "k8s" / "Dockerfile").read_text()
+    assert f"USER {k8s.RUN_AS}" in dockerfile  # the image's user is the one pods run as
+
+
+def test_env_values_can_come_from_secrets_and_never_reach_the_manifests_as_text():
+    ref = {"secretKeyRef": {"name": "s3-credentials", "key": "secret"}}
+    cfg = load_pipeline(ROOT / "k8s" / "pipeline.yaml",
+                        ["cluster.kubernetes.env={AWS_SECRET_ACCESS_KEY: {secretKeyRef: "
+                         "{name: s3-credentials, key: secret}}, REGION: eu-west-1}"])
+    text = k8s.dump(k8s.render(cfg) + k8s.render_job(cfg))
+    for doc in yaml.safe_load_all(text):
+        _validate(doc)
+        for pod in _pods(doc):
+            env = {e["name"]: e for e in pod["containers"][0]["env"]}
+            assert env["AWS_SECRET_ACCESS_KEY"] == {"name": "AWS_SECRET_ACCESS_KEY",
+                                                    "valueFrom": ref}
+            assert env["REGION"]["value"] == "eu-west-1"
 
 
 def test_a_broken_manifest_is_caught():

@@ -97,3 +97,55 @@ def test_gradients_from_before_an_exploit_are_dropped():
     assert ack.status == "dropped"
     np.testing.assert_array_equal(a.pull().params, np.full(2, 5.0))
     assert a.metrics()["gradients/superseded"] == 1
+
+
+def test_a_push_is_taken_at_most_once():
+    """A learner task Dask re-ran after its worker died having pushed: the second push changes
+    nothing — not the parameters, not the statistics — and is counted."""
+    from dask_rl.models.normalizer import batch_moments, empty_moments
+
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig(alpha0=1.0),
+                       moments={"obs": empty_moments(1)}, run="r", epoch="e0")
+    delta = np.ones(2, np.float32)
+    obs = {"obs": batch_moments(np.arange(5.0).reshape(5, 1))}
+    first = a.push(delta, 0, "L7", seq=7, epoch="e0", run="r", moments=obs)
+    assert first.status == "applied"
+    params, count = a.pull().params.copy(), a.pull().moments["obs"][0]
+    assert count == 5
+    again = a.push(delta, 0, "L7", seq=7, epoch="e0", run="r", moments=obs)
+    assert again.status == "refused" and again.version == 1
+    np.testing.assert_array_equal(a.pull().params, params)
+    assert a.pull().moments["obs"][0] == count
+    m = a.metrics()
+    assert m["pushes/refused"] == 1 and m["pushes/distinct"] == 1
+    assert m["gradients/arrived"] == m["gradients/applied"] == 1
+    # another sequence number from the same learner id is a different push
+    assert a.push(delta, 1, "L7", seq=8, epoch="e0", run="r").status == "applied"
+
+
+def test_pushes_from_another_epoch_or_run_are_refused():
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig(alpha0=1.0), run="r", epoch="e1")
+    d = np.ones(2, np.float32)
+    assert a.push(d, 0, "L1", seq=1, epoch="e0", run="r").status == "refused"
+    assert a.push(d, 0, "L2", seq=2, epoch="e1", run="other").status == "refused"
+    np.testing.assert_array_equal(a.pull().params, np.zeros(2))
+    assert a.metrics()["pushes/refused"] == 2 and a.metrics()["gradients/arrived"] == 0
+    # a refused push does not use up its sequence number
+    assert a.push(d, 0, "L1", seq=1, epoch="e1", run="r").status == "applied"
+
+
+def test_a_recreated_actor_refuses_what_its_checkpoint_holds():
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig(alpha0=1.0), run="r", epoch="e0")
+    for seq in (3, 1, 2):
+        a.push(np.ones(2, np.float32), a.pull().version, f"L{seq}", seq=seq, epoch="e0",
+               run="r")
+    state = a.state_dict()
+    b = ParameterActor(np.zeros(2, np.float32), AsyncConfig(alpha0=1.0), run="r", epoch="e1")
+    b.load_state_dict(state)
+    assert b.metrics()["pushes/distinct"] == 3
+    for seq in (1, 2, 3):  # re-run learners reaching the new actor
+        assert b.push(np.ones(2, np.float32), 3, f"L{seq}", seq=seq, epoch="e1",
+                      run="r").status == "refused"
+    assert b.push(np.ones(2, np.float32), 3, "L4", seq=4, epoch="e1", run="r").status \
+        == "applied"
+    assert b.pull().version == 4

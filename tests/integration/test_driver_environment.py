@@ -1,0 +1,265 @@
+"""The driver's own environment failing: a crash loop, the scheduler gone, a full disk, Ctrl-C,
+two PBT members under one checkpoint path. Real clusters, real processes, the real CLI."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import dask_rl
+from dask_rl.checkpoint import CheckpointStore
+from dask_rl.data.metrics import read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).parents[2]
+CARTPOLE = ROOT / "pipelines" / "ppo_cartpole.yaml"
+FAST = ["checkpoint.heartbeat_s=0.5", "checkpoint.actor_timeout_s=5"]
+
+
+def _learners(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(r["kind"] == "learner" for r in read_metrics(path))
+
+
+def _until(condition, timeout=180.0, what="a condition"):
+    t0 = time.time()
+    while not condition():
+        if time.time() - t0 > timeout:
+            raise TimeoutError(f"{what} never held")
+        time.sleep(0.2)
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dask_rl.cli", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def _last_line(stderr: str) -> str:
+    return stderr.strip().splitlines()[-1]
+
+
+def test_a_crash_loop_ends_with_exit_1_and_one_line(tmp_path):
+    """The actor's worker is killed every time an actor appears: the cap ends the run."""
+    from distributed import Client, LocalCluster
+
+    run_dir = tmp_path / "run"
+    with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster) as client:
+        stop = threading.Event()
+        kills = []
+
+        def killer():
+            while not stop.is_set():
+                try:
+                    held = client.run(lambda dask_worker: bool(dask_worker.state.actors))
+                    for addr, has in held.items():
+                        if has:
+                            os.kill(client.run(os.getpid, workers=[addr])[addr],
+                                    signal.SIGKILL)
+                            kills.append(addr)
+                except Exception:
+                    pass
+                time.sleep(1.0)
+        thread = threading.Thread(target=killer, daemon=True)
+        proc = _cli("train", str(CARTPOLE), "--address", cluster.scheduler_address,
+                    "--run-dir", str(run_dir), "--no-progress", "--set",
+                    "checkpoint.max_recoveries=2", *[x for s in FAST for x in ("--set", s)])
+        _until(lambda: _learners(run_dir) >= 3 or proc.poll() is not None, what="learning")
+        thread.start()
+        _, err = proc.communicate(timeout=400)
+        stop.set()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    last = _last_line(err)
+    assert last.startswith("dask-rl: failed: the parameter actor was lost 3 times within"), last
+    assert "--resume continues" in last
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "crash_loop" and summary["recoveries"] == 2
+    assert CheckpointStore(run_dir / "checkpoints").load()[0]["actor"]["params"].size > 0
+    assert len(kills) >= 3
+
+
+def _dask(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _start_cluster(port: int) -> list[subprocess.Popen]:
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [_dask("distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                   str(port), "--dashboard-address", ":0")]
+    time.sleep(2)
+    procs += [_dask("distributed.cli.dask_worker", address, "--nthreads", "1",
+                    "--dashboard-address", ":0") for _ in range(2)]
+    return procs
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_scheduler_killed_then_resume_on_a_new_one(tmp_path):
+    run_dir = tmp_path / "run"
+    port = _free_port()
+    procs = _start_cluster(port)
+    try:
+        args = ["--run-dir", str(run_dir), "--no-progress", "--set", "checkpoint.every_s=1",
+                "--set", "stop.env_steps=40000", "--set", "stop.solve_on_target=false",
+                *[x for s in FAST for x in ("--set", s)]]
+        proc = _cli("train", str(CARTPOLE), "--address", f"tcp://127.0.0.1:{port}", *args)
+        _until(lambda: _learners(run_dir) >= 10 and (run_dir / "checkpoints" / "latest")
+               .exists() or proc.poll() is not None, what="learning")
+        procs[0].kill()  # the scheduler: SIGKILL
+        _, err = proc.communicate(timeout=300)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert proc.returncode not in (0, None), err
+    assert "Traceback" not in err
+    last = _last_line(err)
+    assert last.startswith("dask-rl: failed: lost the scheduler"), last
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "scheduler_lost"
+    state, meta = CheckpointStore(run_dir / "checkpoints").load()  # latest intact
+    saved_steps = meta["env_steps"]
+
+    port = _free_port()
+    procs = _start_cluster(port)
+    try:
+        proc = _cli("train", str(CARTPOLE), "--address", f"tcp://127.0.0.1:{port}",
+                    "--resume", *args)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert proc.returncode == 0, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_steps" and summary["env_steps"] >= 40000
+    resumes = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "resume"]
+    assert resumes and resumes[-1]["env_steps"] == saved_steps
+
+
+def test_ctrl_c_checkpoints_writes_a_summary_and_resume_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--run-dir", str(run_dir), "--no-progress", "--set", "stop.env_steps=60000",
+            "--set", "stop.solve_on_target=false", "--set", "checkpoint.every_s=0"]
+    proc = _cli("train", str(CARTPOLE), *args)
+    _until(lambda: _learners(run_dir) >= 10 or proc.poll() is not None, what="learning")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert _last_line(err).startswith("dask-rl: interrupted after"), err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["env_steps"] > 0
+    _, meta = CheckpointStore(run_dir / "checkpoints").load()
+    assert meta["env_steps"] == summary["env_steps"]  # the final checkpoint is the summary's
+    assert not (run_dir / ".lock").exists()
+
+    proc = _cli("train", str(CARTPOLE), "--resume", *args)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "env_steps" and summary["env_steps"] >= 60000
+
+
+def test_a_full_disk_at_a_checkpoint_and_at_a_metrics_write(local_client, tmp_path,
+                                                           monkeypatch):
+    """ENOSPC on one checkpoint commit and on metrics writes: the run goes on, ``latest``
+    stays a good checkpoint, and the failures are counted."""
+    from dask_rl.data import metrics as metrics_module
+
+    real_commit = CheckpointStore.commit
+    commits = {"n": 0, "failed": None}
+
+    def commit(self, pending, state, **kwargs):
+        commits["n"] += 1
+        if commits["n"] == 3:
+            commits["failed"] = pending.name
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_commit(self, pending, state, **kwargs)
+    monkeypatch.setattr(CheckpointStore, "commit", commit)
+
+    real_write = metrics_module.MetricsLog.write
+    writes = {"n": 0}
+
+    def write(self, kind, record):
+        writes["n"] += 1
+        if 20 <= writes["n"] < 30 and not hasattr(self._file, "_full"):
+            real_file = self._file
+
+            class Full:
+                _full = True
+
+                def write(self, text):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+                def close(self):
+                    real_file.close()
+            self._file = Full()
+            try:
+                return real_write(self, kind, record)
+            finally:
+                self._file = real_file
+        return real_write(self, kind, record)
+    monkeypatch.setattr(metrics_module.MetricsLog, "write", write)
+
+    run_dir = tmp_path / "run"
+    result = dask_rl.train(CARTPOLE, client=local_client, run_dir=run_dir,
+                           overrides=["checkpoint.every_s=1", "stop.env_steps=30000",
+                                      "stop.solve_on_target=false"])
+    s = result.summary
+    assert commits["failed"] is not None and s["env_steps"] >= 30000
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert any(r["kind"] == "checkpoint_failed" for r in records)
+    store = CheckpointStore(run_dir / "checkpoints")
+    state, meta = store.load()  # latest: a good, later checkpoint
+    assert store.latest() != commits["failed"] and meta["env_steps"] == s["env_steps"]
+    assert writes["n"] > 30
+
+
+def test_pbt_members_under_one_checkpoint_path_keep_their_own_stores(local_client, tmp_path):
+    path = f"memory://dask-rl-pbt-{os.getpid()}/ck"
+    result = dask_rl.train(ROOT / "pipelines" / "pbt_cartpole.yaml", client=local_client,
+                           run_dir=tmp_path / "pbt",
+                           overrides=[f"checkpoint.path={path}", "stop.env_steps=12000",
+                                      "checkpoint.every_s=1"])
+    members = result.summary["members"] if "members" in result.summary else None
+    n = 4 if members is None else len(members)
+    seeds = set()
+    for i in range(n):
+        store = CheckpointStore(f"{path}/members/m{i}")
+        state, meta = store.load()
+        seeds.add(meta["config"]["seed"])
+        assert meta["config"]["checkpoint"]["path"] == f"{path}/members/m{i}"
+    assert len(seeds) == n  # each member's store holds that member, never another
+    assert CheckpointStore(f"{path}/population").load()[1]["algorithm"] == "pbt-ppo"
+
+
+def test_secrets_in_pod_env_never_reach_metrics_or_checkpoints(local_client, tmp_path):
+    secret = "s3cr3t-value-that-must-not-leak"
+    run_dir = tmp_path / "run"
+    dask_rl.train(CARTPOLE, client=local_client, run_dir=run_dir,
+                  overrides=[f"cluster.kubernetes.env={{AWS_SECRET_ACCESS_KEY: {secret}}}",
+                             "stop.env_steps=2048"])
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
