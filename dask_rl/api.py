@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -122,25 +121,29 @@ def check_run_dir(cfg: PipelineConfig, run_dir: Path, *, resume: bool) -> None:
 
 @contextlib.contextmanager
 def _graceful_interrupts(driver: Any):
-    """The first Ctrl-C stops the run after a final checkpoint and summary (``stop_reason``
-    ``interrupted``); a second one aborts at once. Only where signals can be caught (the main
-    thread); elsewhere Ctrl-C keeps Python's behaviour."""
+    """The first Ctrl-C (or SIGTERM, as Kubernetes sends before it kills a pod) stops the run
+    after a final checkpoint and summary (``stop_reason`` ``interrupted`` unless the run was
+    already stopping); a second one aborts at once. Only where signals can be caught (the
+    main thread); elsewhere Python's behaviour stays."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    presses = []
 
     def handler(signum, frame):
-        if driver.stop_reason == "interrupted":
+        presses.append(signum)
+        if len(presses) > 1:
             raise KeyboardInterrupt
         driver.interrupt()
-        print("dask-rl: stopping after a final checkpoint (Ctrl-C again aborts)",
-              file=sys.stderr, flush=True)
+        # os.write: print() may not be re-entered from a signal handler
+        os.write(2, b"dask-rl: stopping after a final checkpoint (Ctrl-C again aborts)\n")
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def check_memory(cfg: PipelineConfig, worker_bytes: int | None) -> None:

@@ -55,6 +55,10 @@ def _env(cfg: PipelineConfig) -> list[dict]:
 
 
 TLS_DIR = "/etc/dask-tls"
+SCHEDULER_ROUTES = ["distributed.http.scheduler.prometheus", "distributed.http.scheduler.info",
+                    "distributed.http.scheduler.json", "distributed.http.health",
+                    "distributed.http.proxy", "distributed.http.statics",
+                    "distributed.http.scheduler.api"]
 
 
 def _tls_env(cfg: PipelineConfig) -> list[dict]:
@@ -62,7 +66,9 @@ def _tls_env(cfg: PipelineConfig) -> list[dict]:
     if cfg.cluster.kubernetes.tls_secret is None:
         return []
     env = {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "true",
-           "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": f"{TLS_DIR}/ca.crt"}
+           "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": f"{TLS_DIR}/ca.crt",
+           # the operator asks the scheduler over HTTP (/api/v1) when it cannot speak TLS
+           "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": str(SCHEDULER_ROUTES)}
     for role in ("SCHEDULER", "WORKER", "CLIENT"):
         env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = f"{TLS_DIR}/tls.crt"
         env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = f"{TLS_DIR}/tls.key"
@@ -220,6 +226,7 @@ def render_job(cfg: PipelineConfig, pipeline_name: str = "pipeline.yaml") -> lis
                 "volumeMounts": [{"name": "pipeline", "mountPath": PIPELINE_DIR},
                                  {"name": "runs", "mountPath": "/runs"}],
             }], cfg, restartPolicy="Never", serviceAccountName=account,
+                automountServiceAccountToken=False,
                 volumes=[{"name": "pipeline", "configMap": {"name": f"{k.name}-pipeline"}},
                          {"name": "runs", "emptyDir": {}}])},
             "cluster": {"spec": render_cluster_spec(cfg)},
@@ -229,27 +236,15 @@ def render_job(cfg: PipelineConfig, pipeline_name: str = "pipeline.yaml") -> lis
 
 
 def _job_rbac(cfg: PipelineConfig, account: str) -> list[dict]:
-    """The job pod's ServiceAccount: it may read its own Dask resources (cluster, worker
-    groups, autoscaler) and their pods in its namespace — nothing else; the operator, not the
-    job, creates and scales them."""
+    """The job pod's own ServiceAccount, with no token and no role: the job only talks to its
+    scheduler (``--address``); the operator, not the job, creates and scales the cluster. Least
+    privilege is none (instead of the namespace's ``default`` account and whatever it may
+    hold)."""
     k = cfg.cluster.kubernetes
     meta = {"name": account, "namespace": k.namespace,
             "labels": {"app.kubernetes.io/part-of": "dask-rl"}}
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-            "rules": [{"apiGroups": ["kubernetes.dask.org"],
-                       "resources": ["daskclusters", "daskworkergroups", "daskautoscalers"],
-                       "verbs": ["get", "list", "watch"]},
-                      {"apiGroups": [""], "resources": ["pods"],
-                       "verbs": ["get", "list", "watch"]}]}
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": meta,
-               "subjects": [{"kind": "ServiceAccount", "name": account,
-                             "namespace": k.namespace}],
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                           "name": account}}
-    service_account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
-                       "automountServiceAccountToken": True}
-    return [service_account, role, binding]
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+             "automountServiceAccountToken": False}]
 
 
 def dump(docs: list[dict]) -> str:

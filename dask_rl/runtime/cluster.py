@@ -11,10 +11,11 @@ from typing import Iterator
 import dask
 from distributed import Client, LocalCluster
 
-from dask_rl.config import ClusterConfig
+from dask_rl.config import ClusterConfig, ConfigError
 
 logger = logging.getLogger(__name__)
 
+WORKER_SIGNALS_PRELOAD = "dask_rl.runtime.worker_signals"  # Ctrl-C belongs to the driver
 DASHBOARD_PRELOAD = "dask_rl.runtime.dashboard"  # the /rl page (see that module)
 ADAPTIVE_PRELOAD = "dask_rl.runtime.adaptive"    # the RL-aware adaptive target
 
@@ -53,6 +54,7 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
             memory_limit=cfg.memory_limit,
             dashboard_address=cfg.dashboard_address if cfg.dashboard else None,
             scheduler_kwargs={"preload": preloads},
+            preload=[WORKER_SIGNALS_PRELOAD] if cfg.processes else None,
             silence_logs=logging.ERROR,
         )
     if cfg.adapt is not None:
@@ -83,6 +85,11 @@ def _kubernetes(cfg: ClusterConfig) -> Iterator[Client]:
     Not exercised here (no API server can run on these machines): the manifests it creates
     are the ones ``dask-rl k8s render`` prints, which the tests validate against the CRDs.
     """
+    if cfg.kubernetes.tls_secret is not None:
+        raise ConfigError("cluster.kubernetes.tls_secret: KubeCluster reaches the scheduler "
+                          "without TLS; apply the manifests of dask-rl k8s render (--job) "
+                          "instead, or connect with cluster.kind address and "
+                          "cluster.security")
     try:
         from dask_kubernetes.operator import KubeCluster
     except ImportError:

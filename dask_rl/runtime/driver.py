@@ -454,10 +454,11 @@ class Driver(Trainer):
         if cancelled:
             self.client.cancel(cancelled)
         self.inflight = {f: t for f, t in self.inflight.items() if t.kind == "eval"}
-        self._discarded(self.policy.discard_all())
         if not self.supervisor.alive():
             self.on_actor_lost("the parameter actor was lost at the end of the run")
-        self.checkpoint()  # the final policy is safe before the last calls
+        # the final policy (and the replay buffer, for --resume) are safe before the last calls
+        self.checkpoint()
+        self._discarded(self.policy.discard_all())
         final = self.final_evaluation(self._evaluate_now)
         fields = self.trainer_summary(final)
         busy = max(fields["wall_s"] * fields["worker_threads"], 1e-9)

@@ -185,6 +185,10 @@ class ParameterActor:
         if refusal:
             self.refused += 1
             logger.warning("refused a push from %s: %s", learner_id, refusal)
+            # a re-run learner pulled again (and became active): nothing will come from it
+            self.learning.pop(learner_id, None)
+            self.published.pop(learner_id, None)
+            self._execute(self.strategy.on_learner_released(learner_id))
             return PushAck("refused", self.current.version)
         if seq is not None:
             self.seen.add(int(seq))

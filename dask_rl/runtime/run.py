@@ -122,6 +122,9 @@ class Run(abc.ABC):
                    "stop_reason": stop_reason, "error": reason,
                    "recoveries": self.recoveries, "latest_checkpoint": latest,
                    "run": self.run_name}
+        for key in ("env_steps_discarded", "updates_discarded", "replay_lost"):
+            if hasattr(self, key):
+                summary[key] = getattr(self, key)
         if hasattr(self, "metrics"):
             self.metrics.write("run", {"event": "failed", **summary})
         resume = f"; the latest checkpoint ({latest}) is intact: --resume continues" \

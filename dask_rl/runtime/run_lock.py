@@ -1,17 +1,18 @@
 """One driver per run directory: ``RUN_DIR/.lock``.
 
-The lock is a file created atomically (``O_CREAT | O_EXCL``) holding the owner's host, process
-id and start time. A second driver on the same run directory is refused with a
-:class:`~dask_rl.config.ConfigError` (exit 2) naming the owner. A lock left by a driver that
-was killed (``kill -9``, a power cut) is *stale* when its host is this host and its process no
-longer exists; it is then taken over. A lock from another host cannot be checked from here:
-the message says which file to delete once that driver is known to be gone.
+The driver holds an exclusive ``flock`` on ``RUN_DIR/.lock`` for as long as it runs; the file
+also says who holds it (host, process id, start time) for the error message. The kernel drops
+the lock when the process ends, however it ends (``kill -9``, a crash): a killed driver's lock
+is never stale, and there is no window in which two drivers can both believe they hold it.
+A second driver on the same directory is refused with a :class:`~dask_rl.config.ConfigError`
+(exit 2). On a network filesystem without working ``flock`` (some NFS setups) the lock only
+guards drivers on one host.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
-import logging
 import os
 import socket
 import time
@@ -19,19 +20,7 @@ from pathlib import Path
 
 from dask_rl.config import ConfigError
 
-logger = logging.getLogger(__name__)
-
 LOCK_NAME = ".lock"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 class RunLock:
@@ -39,54 +28,55 @@ class RunLock:
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_NAME
-        self.held = False
+        self.fd: int | None = None
 
-    def check(self) -> None:
-        """Raise :class:`ConfigError` if a live driver holds the lock (takes nothing)."""
-        if self.path.exists():
-            owner = self._owner()
-            if owner is not None and not self._stale(owner):
-                self._refuse(owner)
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
 
-    def _refuse(self, owner: dict) -> None:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("since", 0)))
-        raise ConfigError(
-            f"{self.path.parent}: in use by another driver (pid {owner.get('pid')} on "
-            f"{owner.get('host')}, since {since}); if it is gone, delete {self.path}")
-
-    def acquire(self) -> "RunLock":
+    def _take(self) -> int:
+        """The open, locked file descriptor, or ConfigError naming the holder."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = self._owner()
-                if owner is not None and not self._stale(owner):
-                    self._refuse(owner)
-                logger.warning("taking over the stale lock %s (%s)", self.path, owner)
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return self
-        raise ConfigError(f"{self.path.parent}: could not take its lock {self.path}")
-
-    def _owner(self) -> dict | None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return None  # torn or vanished: treated as stale
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = self._owner(fd)
+            os.close(fd)
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("since", 0)))
+            raise ConfigError(
+                f"{self.path.parent}: in use by another driver (pid {owner.get('pid', '?')} on "
+                f"{owner.get('host', '?')}, since {since})") from None
+        return fd
 
     @staticmethod
-    def _stale(owner: dict) -> bool:
-        return owner.get("host") == socket.gethostname() and not _alive(int(owner.get("pid", 0)))
+    def _owner(fd: int) -> dict:
+        try:
+            return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` if another driver holds the lock (takes nothing)."""
+        if self.path.exists():
+            fd = self._take()
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def acquire(self) -> "RunLock":
+        fd = self._take()
+        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode(), 0)
+        self.fd = fd
+        return self
 
     def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

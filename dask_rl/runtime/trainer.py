@@ -48,6 +48,7 @@ class Trainer(Run):
         self.updates_discarded = 0
         self.replay_lost = 0
         self.checkpoint_failures = 0
+        self.rolled_back_at = 0  # env steps at the last rollback
 
     # ---- hooks ---------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -117,9 +118,11 @@ class Trainer(Run):
         and skipped: the previous one stays ``latest`` (a commit is atomic) and the run goes
         on; the next attempt comes after ``checkpoint.every_s``. Returns the name, or None.
         """
+        t0 = time.perf_counter()
+        actor_state = self.actor_call("state_dict")
         try:
-            return self._write_checkpoint()
-        except OSError as e:
+            return self._write_checkpoint(actor_state, t0)
+        except OSError as e:  # the store's writes only: the actor's state is already here
             self.last_checkpoint = time.time()
             self.checkpoint_failures += 1
             logger.warning("could not write a checkpoint (%s); the previous one is kept", e)
@@ -127,11 +130,9 @@ class Trainer(Run):
                                                      "env_steps": self.env_steps})
             return None
 
-    def _write_checkpoint(self) -> str:
-        t0 = time.perf_counter()
+    def _write_checkpoint(self, actor_state: dict, t0: float) -> str:
         pending = self.store.begin()
         count, extra_meta = self.write_extra(pending)
-        actor_state = self.actor_call("state_dict")
         driver = {"env_steps": self.env_steps, "evals": self.evals, "wall_s": self.elapsed(),
                   "best_return": self.best_return, "recoveries": self.recoveries,
                   "episodes": self.episodes, "recent_returns": list(self.returns),
@@ -188,7 +189,7 @@ class Trainer(Run):
         purpose died with the old actor, such as releasing a lost learner). A failure of a live
         actor is the method's own error and is raised.
         """
-        while True:
+        for attempt in range(self.cfg.checkpoint.max_recoveries + 1):
             try:
                 return self.actor.call(method, *args, **kwargs)
             except Exception as e:  # lost worker, closed comm, timeout, cancelled actor...
@@ -198,6 +199,9 @@ class Trainer(Run):
                                    f"{method})")
                 if on_loss == "skip":
                     return None
+        raise self.fail(f"the parameter actor was lost at each of "
+                        f"{self.cfg.checkpoint.max_recoveries + 1} attempts to call {method}",
+                        "crash_loop")
 
     def check_heartbeat(self) -> None:
         """Every ``checkpoint.heartbeat_s``: recover an actor that does not answer (and give
@@ -237,7 +241,10 @@ class Trainer(Run):
                 if attempt == 2 or self.supervisor.alive(timeout=5.0):
                     raise
                 logger.warning("the new parameter actor was lost while loading; again")
-        kept_steps = int(state["driver"]["env_steps"])
+        # Env steps are not rolled back (the budget counts what was collected): what a rollback
+        # loses is what was learned since the checkpoint, or since the last rollback to it.
+        kept_steps = max(int(state["driver"]["env_steps"]), self.rolled_back_at)
+        self.rolled_back_at = steps_before
         self.updates_discarded += max(before - self.updates, 0)
         self.env_steps_discarded += max(steps_before - kept_steps, 0)
         self.metrics.write("recovery", {"reason": reason, "checkpoint": name,

@@ -141,6 +141,12 @@ class Strategy(abc.ABC):
             return [self._drop((arrival.id,)), *self._drain()]
         return self._drain()
 
+    def on_learner_released(self, learner_id: str) -> list[Decision]:
+        """A learner finished with nothing to give (its push repeated one already taken):
+        barriers stop waiting for it; nothing is counted."""
+        self.active.pop(learner_id, None)
+        return self._drain()
+
     def on_learner_lost(self, learner_id: str) -> list[Decision]:
         """A learner died without pushing; barriers must not wait for it."""
         if self.active.pop(learner_id, None) is not None:

@@ -89,10 +89,10 @@ def test_every_pipeline_renders_valid_manifests(pipeline):
         _validate(doc)
         kinds.append(doc["kind"])
     assert kinds == ["DaskCluster", "DaskWorkerGroup", "DaskWorkerGroup", "DaskAutoscaler",
-                     "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "DaskJob"]
+                     "ConfigMap", "ServiceAccount", "DaskJob"]
 
 
-def test_every_pod_runs_unprivileged_and_only_the_job_holds_a_token():
+def test_every_pod_runs_unprivileged_and_without_an_api_token():
     cfg = load_pipeline(ROOT / "k8s" / "pipeline.yaml")
     docs = k8s.render(cfg) + k8s.render_job(cfg)
     pods = [(d["kind"], p) for d in docs for p in _pods(d)]
@@ -104,10 +104,9 @@ def test_every_pod_runs_unprivileged_and_only_the_job_holds_a_token():
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == \
                 ["ALL"]
-        if "serviceAccountName" in pod:
+        assert pod["automountServiceAccountToken"] is False
+        if "serviceAccountName" in pod:  # the job's own account, not the namespace default
             assert pod["serviceAccountName"] == "dask-rl-hopper-job"
-        else:
-            assert pod["automountServiceAccountToken"] is False
     dockerfile = (ROOT / "k8s" / "Dockerfile").read_text()
     assert f"USER {k8s.RUN_AS}" in dockerfile  # the image's user is the one pods run as
 

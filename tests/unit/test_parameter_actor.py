@@ -149,3 +149,19 @@ def test_a_recreated_actor_refuses_what_its_checkpoint_holds():
     assert b.push(np.ones(2, np.float32), 3, "L4", seq=4, epoch="e1", run="r").status \
         == "applied"
     assert b.pull().version == 4
+
+
+def test_a_refused_repeat_releases_its_learner_from_the_barrier():
+    """A re-run learner pulls again (becoming active) before its push is refused: the sync
+    barrier must not wait for it forever."""
+    a = ParameterActor(np.zeros(2, np.float32), SyncConfig(alpha0=1.0), run="r", epoch="e")
+    d = np.ones(2, np.float32)
+    a.pull(learner_id="L1")
+    a.pull(learner_id="L2")
+    assert a.push(d, 0, "L1", seq=1, epoch="e", run="r").status == "buffered"
+    assert a.push(d, 0, "L2", seq=2, epoch="e", run="r").status == "applied"
+    a.pull(learner_id="L1")  # Dask re-runs L1 after its worker died having pushed
+    assert a.push(d, 1, "L1", seq=1, epoch="e", run="r").status == "refused"
+    a.pull(learner_id="L3")
+    assert a.push(d, 1, "L3", seq=3, epoch="e", run="r").status == "applied"
+    assert a.metrics()["learners/active"] == 0
