@@ -140,6 +140,9 @@ class CheckpointConfig:
     heartbeat_s: float = option(2.0, "seconds between pings of the parameter actor", gt=0)
     actor_timeout_s: float = option(30.0, "a parameter actor silent this long is re-created "
                                           "from the latest checkpoint", gt=0)
+    stall_s: float = option(300.0, "no task finished this long while tasks are in flight: "
+                                   "warn, naming paused workers; end the run (exit 1) when "
+                                   "every worker is paused for memory", gt=0)
     max_recoveries: int = option(5, "a run whose parameter actor is lost more often than "
                                     "this within recovery_window_s gives up (exit 1)", ge=0)
     recovery_window_s: float = option(600.0, "the window max_recoveries counts in", gt=0)

@@ -99,6 +99,7 @@ class Driver(Trainer):
         self.round_learners: dict[int, str] = {}
         self.trajectory_learner: dict[Future, str] = {}
         self.last_load_report = 0.0
+        self.last_progress = time.time()  # when a task last finished (the stall watchdog)
         self.last_rescale = 0.0
         # per-trainer hyperparameters (population-based training): learner.lr and algo.*
         self.hparams: dict[str, float] = {}
@@ -201,9 +202,11 @@ class Driver(Trainer):
                                        "rollout_slots": slots})
             self._launch()
             while not self.policy.finished:
-                for fut in self._wait_some(0.5):
+                done = self._wait_some(0.5)
+                for fut in done:
                     if fut in self.inflight:  # a recovery may have cleared it meanwhile
                         self._handle(fut, self.inflight.pop(fut))
+                self._check_stall(bool(done))
                 self.check_heartbeat()
                 self._check_stop()
                 self._rescale()
@@ -336,6 +339,31 @@ class Driver(Trainer):
         cfg = self.cfg.learner
         return learning_rate(self.hparams.get("learner.lr", cfg.lr), anneal=cfg.anneal_lr,
                              env_steps=self.env_steps, total_env_steps=self.cfg.stop.env_steps)
+
+    def _check_stall(self, progressed: bool) -> None:
+        """Degrade instead of stalling: when nothing finished for ``checkpoint.stall_s`` while
+        tasks are in flight, say why (workers paused for memory run nothing); when every
+        worker is paused, nothing ever will: end the run with one line."""
+        now = time.time()
+        if progressed or not self.inflight:
+            self.last_progress = now
+            return
+        stalled = now - self.last_progress
+        if stalled < self.cfg.checkpoint.stall_s:
+            return
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        paused = [a for a, w in workers.items() if w.get("status") == "paused"]
+        if workers and len(paused) == len(workers):
+            limit = min(w.get("memory_limit") or 0 for w in workers.values()) / 2**30
+            raise self.fail(
+                f"no task finished in {stalled:.0f} s: all {len(workers)} workers are paused "
+                f"for memory (limit {limit:.1f} GiB each); give them more memory "
+                f"(cluster.memory_limit, bigger pods) or use fewer env.num_envs", "stalled")
+        logger.warning("no task finished in %.0f s with %d in flight (%d of %d workers paused "
+                       "for memory)", stalled, len(self.inflight), len(paused), len(workers))
+        self.metrics.write("stall", {"seconds": stalled, "in_flight": len(self.inflight),
+                                     "paused_workers": len(paused), "workers": len(workers)})
+        self.last_progress = now
 
     def _report_load(self) -> None:
         """Tell the scheduler's adaptive policy what this trainer wants (once a second)."""

@@ -18,6 +18,7 @@ import pytest
 import dask_rl
 from dask_rl.checkpoint import CheckpointStore
 from dask_rl.data.metrics import read_metrics
+from dask_rl.runtime.run import RunFailed
 from dask_rl.runtime.run_lock import RunLock
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -270,3 +271,27 @@ def test_secrets_in_pod_env_never_reach_metrics_or_checkpoints(local_client, tmp
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_workers_paused_for_memory_end_the_run_instead_of_stalling_it(tmp_path):
+    """Every worker paused for memory mid-run runs nothing, ever: the watchdog ends the run
+    with one line (exit 1) and a summary, instead of a run that never ends."""
+    from distributed import Client, LocalCluster
+
+    run_dir = tmp_path / "run"
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster) as client:
+        def pause_all():
+            _until(lambda: _learners(run_dir) >= 5, what="learning")
+
+            def tiny(dask_worker):  # as if the workers' data outgrew their memory
+                dask_worker.memory_manager.memory_limit = 1
+            client.run(tiny)
+        thread = threading.Thread(target=pause_all, daemon=True)
+        thread.start()
+        with pytest.raises(RunFailed,
+                           match="all 2 workers are paused for memory"):
+            dask_rl.train(CARTPOLE, client=client, run_dir=run_dir,
+                          overrides=["checkpoint.stall_s=10", "stop.solve_on_target=false"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "stalled" and summary["env_steps"] > 0
