@@ -47,12 +47,11 @@ from dask_rl.runtime.tasks import (
     rollout_task,
     write_replay_task,
 )
-from dask_rl.runtime.trainer import Trainer
+from dask_rl.runtime.trainer import MAX_CONSECUTIVE_FAILURES, Trainer
 from dask_rl.staleness import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
-MAX_CONSECUTIVE_FAILURES = 5
 LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already in flight
 
 
@@ -256,13 +255,22 @@ class Driver(Trainer):
             self.policy.rollout_done(task.slot, fut)
             if task.slot in self.round_learners:
                 self.trajectory_learner[fut] = self.round_learners.pop(task.slot)
-        elif task.kind == "learner":
-            self._on_learner(fut.result(), task)
-        elif task.kind == "eval":
-            self.record_eval(fut.result())
+        elif task.kind in ("learner", "eval"):
+            try:
+                # finished, but its result may be gone with a worker since: Dask recomputes
+                # it, and the recomputation can fail (its actor may be gone too)
+                result = fut.result()
+            except Exception as e:
+                self._failed(fut, task, e)
+                return
+            if task.kind == "learner":
+                self._on_learner(result, task)
+            else:
+                self.record_eval(result)
 
-    def _failed(self, fut: Future, task: _Task) -> None:
-        exc = fut.exception() if fut.status == "error" else None
+    def _failed(self, fut: Future, task: _Task, exc: BaseException | None = None) -> None:
+        if exc is None:
+            exc = fut.exception() if fut.status == "error" else None
         logger.warning("%s task %s: %r", task.kind, fut.status, exc)
         if not self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
             self.on_actor_lost(f"a {task.kind} task failed and the parameter actor is gone: "

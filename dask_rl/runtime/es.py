@@ -26,7 +26,7 @@ from dask_rl.models import get_flat, make_policy
 from dask_rl.models.normalizer import empty_moments, merge_moments
 from dask_rl.runtime.run import RunFailed
 from dask_rl.runtime.tasks import es_evaluate_task, es_noiseless_task, es_update_task
-from dask_rl.runtime.trainer import Trainer
+from dask_rl.runtime.trainer import MAX_CONSECUTIVE_FAILURES, Trainer
 from dask_rl.staleness.asynchronous import AsyncConfig
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class ESDriver(Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.generation = 0
+        self.failures = 0  # failed generations in a row
         self.rng = np.random.default_rng(self.cfg.seed)
 
     # ---- hooks ---------------------------------------------------------------------------------
@@ -110,15 +111,30 @@ class ESDriver(Trainer):
                                   key=f"es-noiseless-{self.evals}-{self.run_name}")
 
     def _gather(self, futures: list, also: list = ()) -> list | None:
-        """The futures' results, or None (all of them and ``also`` cancelled) when a task
-        failed because the parameter actor is gone; the actor is then recovered."""
+        """The futures' results, or None when a task failed: all of them and ``also`` are
+        cancelled and the generation is redone.
+
+        If the parameter actor is gone it is recovered first. If it lives (a task's actor call
+        timed out on a busy machine, a result lost with a worker was recomputed and failed),
+        the driver re-reads the actor's version: an update that was applied before its result
+        was lost stays applied once (the redone generation's push repeats its sequence number
+        and is refused). ``MAX_CONSECUTIVE_FAILURES`` failed generations in a row end the run.
+        """
         try:
-            return self.client.gather(futures)
+            result = self.client.gather(futures)
+            self.failures = 0
+            return result
         except Exception as e:
-            if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
-                raise
             self.client.cancel([*futures, *also])
-            self.on_actor_lost(f"an ES task failed and the parameter actor is gone: {e!r}")
+            if not self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
+                self.on_actor_lost(f"an ES task failed and the parameter actor is gone: {e!r}")
+                return None
+            self.failures += 1
+            if self.failures >= MAX_CONSECUTIVE_FAILURES:
+                raise RuntimeError(f"{self.failures} ES generations failed in a row; last "
+                                   f"error: {e!r}") from e
+            logger.warning("an ES task failed (%r); generation %d is redone", e, self.generation)
+            self.updates = self.actor_call("ping")
             return None
 
     def _generation(self) -> None:

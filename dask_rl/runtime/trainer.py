@@ -36,6 +36,8 @@ from dask_rl.runtime.supervisor import ActorSupervisor
 
 logger = logging.getLogger(__name__)
 
+MAX_CONSECUTIVE_FAILURES = 5  # tasks of one kind (or ES generations) failing in a row end a run
+
 
 class Trainer(Run):
     """A run whose parameters live in one supervised parameter actor (see the module doc)."""

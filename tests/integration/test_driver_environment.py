@@ -237,8 +237,8 @@ def test_a_full_disk_at_a_checkpoint_and_at_a_metrics_write(local_client, tmp_pa
     records = read_metrics(run_dir / "metrics.jsonl")
     assert any(r["kind"] == "checkpoint_failed" for r in records)
     store = CheckpointStore(run_dir / "checkpoints")
-    state, meta = store.load()  # latest: a good, later checkpoint
-    assert store.latest() != commits["failed"] and meta["env_steps"] == s["env_steps"]
+    state, meta = store.load()  # latest: a good checkpoint of the end of the run
+    assert meta["env_steps"] == s["env_steps"]
     assert writes["n"] > 30
     learner_records = sum(r["kind"] == "learner" for r in records)
     assert learner_records == writes["n"] - 10  # the 10 lost records are lost, nothing else
