@@ -16,6 +16,7 @@ import logging
 import time
 
 import numpy as np
+from distributed import wait
 
 from dask_rl.algos import es
 from dask_rl.config import ConfigError, public_dict
@@ -110,7 +111,8 @@ class ESDriver(Trainer):
                                   self.cfg.stop.eval_episodes, 10_000 * self.evals, pure=False,
                                   key=f"es-noiseless-{self.evals}-{self.run_name}")
 
-    def _gather(self, futures: list, also: list = ()) -> list | None:
+    def _gather(self, futures: list, also: list = (), timeout: float | None = None
+                ) -> list | None:
         """The futures' results, or None when a task failed: all of them and ``also`` are
         cancelled and the generation is redone.
 
@@ -119,8 +121,11 @@ class ESDriver(Trainer):
         the driver re-reads the actor's version: an update that was applied before its result
         was lost stays applied once (the redone generation's push repeats its sequence number
         and is refused). ``MAX_CONSECUTIVE_FAILURES`` failed generations in a row end the run.
+        ``timeout`` bounds the wait (a short task that does not finish in it has failed).
         """
         try:
+            if timeout is not None:
+                wait(futures, timeout=timeout)  # TimeoutError: handled as a failure below
             result = self.client.gather(futures)
             self.failures = 0
             return result
@@ -167,7 +172,10 @@ class ESDriver(Trainer):
             {"obs": moments} if moments is not None else None, self.generation, pure=False,
             workers=[self.supervisor.address], allow_other_workers=True,
             key=f"es-update-{self.generation}-{self.run_name}")
-        got = self._gather([update], also=[evaluation] if evaluation else [])
+        # the update is short (a weighted noise sum and a push): waiting longer than a few actor
+        # timeouts for it means it is stuck (a CI run saw one hang after the actor's worker died)
+        got = self._gather([update], also=[evaluation] if evaluation else [],
+                           timeout=max(3 * self.cfg.checkpoint.actor_timeout_s, 30.0))
         if got is None:  # the actor was lost around the update: the generation is redone
             return
         step: ESStep = got[0]

@@ -102,10 +102,10 @@ def _patch(monkeypatch, where: str, fault: Fault) -> None:
     elif kind == "es":  # ES gathers: perturbations, update, (noiseless evaluation), ...
         original_gather = es_module.ESDriver._gather
 
-        def gather(self, futures, also=()):
+        def gather(self, futures, also=(), timeout=None):
             if fault.due():
                 kill_actor_worker(self)
-            return original_gather(self, futures, also)
+            return original_gather(self, futures, also, timeout)
         monkeypatch.setattr(es_module.ESDriver, "_gather", gather)
     else:
         raise ValueError(where)
@@ -189,7 +189,11 @@ def test_a_pbt_exploit_whose_member_actor_dies(client, tmp_path, monkeypatch):
         return original(self, loser, winner)
     monkeypatch.setattr(PBTDriver, "_exploit", exploit)
     cfg = dask_rl.api.resolve(PIPELINES / "pbt_cartpole.yaml",
-                              FAST + ["stop.env_steps=40000", "checkpoint.every_s=1"])
+                              FAST + ["stop.env_steps=30000", "checkpoint.every_s=1",
+                                      # many ready events, half the members exploitable: an
+                                      # exploit comes early in every run
+                                      "population.ready_env_steps=4096",
+                                      "population.fraction=0.5"])
     result = dask_rl.train(cfg, client=client, run_dir=tmp_path / "pbt")
     s = result.summary
     assert fired, "no exploit happened"
