@@ -127,6 +127,3 @@ class ActorSupervisor:
         logger.warning("re-created the parameter actor %s as %s on %s", old.key, self.handle.key,
                        self.address)
         return self.handle
-
-    def state(self) -> dict[str, Any]:
-        return self.handle.call("state_dict")
