@@ -130,7 +130,10 @@ def _train(args: argparse.Namespace) -> int:
               f"in {result.run_dir} (--resume continues)", file=sys.stderr)
         return 130
     verdict = "solved" if s["solved"] else "not solved"
-    print(f"dask-rl: {verdict}: greedy return {s['final_return']:.1f} after {s['env_steps']} env "
+    conf = s.get("confirmation")
+    over = f" over {conf['episodes']} confirming episodes" if conf else ""
+    print(f"dask-rl: {verdict}: greedy return {s['final_return']:.1f}{over} after "
+          f"{s['env_steps']} env "
           f"steps in {s['wall_s']:.1f} s ({s['stop_reason']}); summary in "
           f"{result.run_dir / 'summary.json'}", file=sys.stderr)
     return 0

@@ -125,8 +125,12 @@ class StopConfig:
     eval_episodes: int = option(10, "episodes of each greedy evaluation", ge=1)
     eval_every_updates: int = option(50, "evaluate greedily every N updates (0: only when the "
                                          "training return reaches the target)", ge=0)
-    solve_on_target: bool = option(True, "stop as soon as a greedy evaluation reaches the "
-                                         "target")
+    solve_on_target: bool = option(True, "stop once a greedy evaluation reaches the target "
+                                         "and a confirming evaluation agrees")
+    confirm_episodes: int | None = option(None, "episodes of the evaluation, on fresh seeds, "
+                                                "that confirms a target before a run is called "
+                                                "solved (None: the env's standard, 100 for "
+                                                "classic control and Box2D, else 20)", ge=1)
 
 
 @dataclass(frozen=True, kw_only=True)

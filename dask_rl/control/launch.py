@@ -17,6 +17,8 @@ trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed depende
   so the next round acts with the version the previous round's update produced.
 * **Slots follow the cluster.** :meth:`resize` adds idle slots or retires the highest ones
   (their running tasks finish; they are not resubmitted).
+* **Pausing** (:attr:`paused`) holds the policy still: nothing new starts, what runs finishes,
+  ready trajectories wait. The driver pauses to confirm a target on the policy it would keep.
 * **A round** is one trajectory learned per slot; :meth:`learner_done` says when one ended, so
   the strategy can adapt (Stellaris' threshold decays per round).
 
@@ -104,6 +106,7 @@ class LaunchPolicy(Generic[T]):
         self.learned = 0
         self.stopping = False
         self.draining = False
+        self.paused = False   # nothing new starts (the policy is held still for a confirmation)
 
     # ---- events ----------------------------------------------------------------------------
     def rollout_done(self, slot: int, trajectory: T) -> None:
@@ -138,6 +141,7 @@ class LaunchPolicy(Generic[T]):
         """Submit no more rollouts; with ``drain``, learn from everything collected first."""
         self.stopping = True
         self.draining = drain
+        self.paused = False
 
     def discard_all(self) -> Discarded:
         """Everything in flight and waiting is gone (a recovery or the end of the run).
@@ -158,7 +162,10 @@ class LaunchPolicy(Generic[T]):
 
     # ---- decisions -------------------------------------------------------------------------
     def decide(self) -> Launches[T]:
-        """What to submit now; the policy counts it as in flight."""
+        """What to submit now (nothing while paused, nor once stopping without draining);
+        the policy counts it as in flight."""
+        if self.paused or (self.stopping and not self.draining):
+            return Launches()
         launches: Launches[T] = Launches(learners=self._learners())
         if not self.stopping and self._rollouts_may_run():
             launches.rollouts, self.idle = self.idle, []

@@ -26,13 +26,15 @@ class EvalSchedule:
 
     Every ``every_updates`` updates (0: never periodically), and whenever the recent training
     return reaches the target (over at least 5 episodes), at most once per update count and
-    one at a time.
+    one at a time. After a target that was not confirmed, the recent return alone triggers no
+    evaluation for ``max(every_updates, 1)`` updates (it is likely still at the target).
     """
 
     def __init__(self, *, every_updates: int, target: float | None):
         self.every_updates = every_updates
         self.target = target
         self.last_updates = -1
+        self.target_held_until = -1
 
     def due(self, *, updates: int, recent_return: float | None, recent_episodes: int,
             running: bool) -> bool:
@@ -42,12 +44,18 @@ class EvalSchedule:
         periodic = (self.every_updates > 0
                     and updates - max(self.last_updates, 0) >= self.every_updates)
         at_target = (self.target is not None and recent_return is not None
+                     and updates >= self.target_held_until
                      and recent_episodes >= min(RECENT_EPISODES, 5)
                      and recent_return >= self.target)
         if periodic or at_target:
             self.last_updates = updates
             return True
         return False
+
+    def hold_target(self, updates: int) -> None:
+        """A target was not confirmed at ``updates``: no evaluation on the recent return alone
+        for a while."""
+        self.target_held_until = updates + max(self.every_updates, 1)
 
     def reset(self) -> None:
         """After a recovery the version may repeat: evaluate it again."""

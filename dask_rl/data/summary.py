@@ -23,7 +23,8 @@ class RunSummary:
     final_return: float          # greedy evaluation mean of the final policy
     best_return: float | None    # the best greedy evaluation mean seen
     target_return: float | None
-    solved: bool                 # the final evaluation reached the target
+    solved: bool                 # a confirming evaluation of the final policy reached it
+    confirmation: dict | None    # that evaluation (stop.confirm_episodes fresh episodes)
     stop_reason: str | None      # solved, env_steps, wall_s, members_done
     staleness_mean: float
     staleness_max: int

@@ -109,6 +109,22 @@ def reward_threshold(env_id: str) -> float | None:
     return gym.spec(env_id).reward_threshold
 
 
+STANDARD_EPISODES = 100   # Gym's definition of solving its classic tasks: a mean over 100 episodes
+OTHER_EPISODES = 20       # our stated number where the env defines none (Atari, MuJoCo, yours)
+
+
+def solved_episodes(env_id: str) -> int:
+    """Episodes a confirming evaluation averages before a run on ``env_id`` is called solved:
+    100 for classic-control and Box2D tasks (Gym defines e.g. CartPole-v1 as solved at a mean of
+    475 over 100 consecutive episodes), :data:`OTHER_EPISODES` for envs without a standard."""
+    _register_optional()
+    entry = gym.spec(env_id).entry_point
+    name = entry if isinstance(entry, str) else getattr(entry, "__module__", "")
+    if name.startswith(("gymnasium.envs.classic_control", "gymnasium.envs.box2d")):
+        return STANDARD_EPISODES
+    return OTHER_EPISODES
+
+
 def _make_one(cfg: EnvConfig, training: bool) -> gym.Env:
     if is_atari(cfg.id):
         from dask_rl.envs.atari import make_atari

@@ -59,7 +59,7 @@ LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already i
 class _Task:
     """What the driver remembers of a future it holds."""
 
-    kind: str                 # "rollout" | "learner" | "eval"
+    kind: str                 # "rollout" | "learner" | "eval" | "confirm"
     slot: int = -1
     learner_id: str = ""
     first_use: bool = True    # learner: the trajectory's first learning (not a replay)
@@ -168,6 +168,8 @@ class Driver(Trainer):
         self.replace_actor(reason)
         self.failures.clear()
         self.evaluations.reset()
+        self.target_hit = False          # the policy that reached it is gone
+        self.policy.paused = False
 
     def _check_resources(self) -> None:
         gpus = self.cfg.learner.gpus
@@ -211,6 +213,7 @@ class Driver(Trainer):
                 self._rescale()
                 self._launch()
                 self._maybe_evaluate()
+                self._maybe_confirm()
                 self._report_load()
                 self.maybe_checkpoint()
                 self.housekeeper.maybe_tidy()
@@ -255,7 +258,7 @@ class Driver(Trainer):
             self.policy.rollout_done(task.slot, fut)
             if task.slot in self.round_learners:
                 self.trajectory_learner[fut] = self.round_learners.pop(task.slot)
-        elif task.kind in ("learner", "eval"):
+        elif task.kind in ("learner", "eval", "confirm"):
             try:
                 # finished, but its result may be gone with a worker since: Dask recomputes
                 # it, and the recomputation can fail (its actor may be gone too)
@@ -265,8 +268,11 @@ class Driver(Trainer):
                 return
             if task.kind == "learner":
                 self._on_learner(result, task)
-            else:
+            elif task.kind == "eval":
                 self.record_eval(result)
+            elif not self.record_confirmation(result) and self.stop_reason is None:
+                self.policy.paused = False   # not confirmed: train on
+                self.evaluations.hold_target(self.updates)
 
     def _failed(self, fut: Future, task: _Task, exc: BaseException | None = None) -> None:
         if exc is None:
@@ -446,7 +452,7 @@ class Driver(Trainer):
 
     # ---- evaluation ----------------------------------------------------------------------------
     def _maybe_evaluate(self) -> None:
-        if self.stop_reason is not None:
+        if self.stop_reason is not None or self.target_hit:
             return
         running = any(t.kind == "eval" for t in self.inflight.values())
         if self.evaluations.due(updates=self.updates, recent_return=self.recent_return(),
@@ -461,10 +467,27 @@ class Driver(Trainer):
         self.inflight[fut] = _Task("eval")
         return fut
 
-    def _evaluate_now(self) -> Evaluation:
+    def _maybe_confirm(self) -> None:
+        """A screening reached the target: hold the policy still (nothing new starts; learners
+        in flight finish) and confirm it on ``confirm_episodes`` fresh episodes. The run then
+        stops solved with exactly that policy, or trains on."""
+        if not self.target_hit or self.stop_reason is not None:
+            return
+        self.policy.paused = True
+        if self.policy.learners_in_flight or any(t.kind == "confirm"
+                                                 for t in self.inflight.values()):
+            return
+        self.evals += 1
+        fut = self.client.submit(evaluate_task, self.run_name, self.actor, self.confirm_episodes,
+                                 self.confirm_seed(), pure=False,
+                                 key=f"confirm-{self.evals}-{self.run_name}")
+        self.inflight[fut] = _Task("confirm")
+
+    def _evaluate_now(self, episodes: int, seed: int) -> Evaluation:
         while True:
-            fut = self._submit_eval()
-            self.inflight.pop(fut, None)
+            self.evals += 1
+            fut = self.client.submit(evaluate_task, self.run_name, self.actor, episodes, seed,
+                                     pure=False, key=f"evaluate-{self.evals}-{self.run_name}")
             try:
                 return fut.result()
             except Exception as e:
@@ -486,10 +509,11 @@ class Driver(Trainer):
             for fut in learners:
                 if fut.status == "finished":
                     self._handle(fut, self.inflight.pop(fut))
-        cancelled = [f for f, t in self.inflight.items() if t.kind != "eval"]
+        cancelled = [f for f, t in self.inflight.items() if t.kind not in ("eval", "confirm")]
         if cancelled:
             self.client.cancel(cancelled)
-        self.inflight = {f: t for f, t in self.inflight.items() if t.kind == "eval"}
+        self.inflight = {f: t for f, t in self.inflight.items()
+                         if t.kind in ("eval", "confirm")}
         if not self.supervisor.alive():
             self.on_actor_lost("the parameter actor was lost at the end of the run")
         # the final policy (and the replay buffer, for --resume) are safe before the last calls

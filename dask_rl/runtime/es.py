@@ -86,7 +86,7 @@ class ESDriver(Trainer):
                 self.maybe_checkpoint()
                 self.housekeeper.maybe_tidy()
             self.checkpoint()  # the final policy is safe before the last calls
-            final = self.final_evaluation(self._final_noiseless)
+            final = self.final_evaluation(self._noiseless_now)
             cfg = self.cfg.algo
             return self.end(ESSummary(**self.trainer_summary(final), generations=self.generation,
                                       population=2 * cfg.pairs,
@@ -99,17 +99,21 @@ class ESDriver(Trainer):
         finally:
             self.close()
 
-    def _final_noiseless(self) -> Evaluation:
+    def _noiseless_now(self, episodes: int, seed: int) -> Evaluation:
+        """A noiseless evaluation of the current mean parameters, waited for (retried across
+        a recovery)."""
         while True:
-            got = self._gather([self._noiseless()])
+            got = self._gather([self._noiseless(episodes, seed)])
             if got is not None:
                 return got[0]
 
-    def _noiseless(self):
+    def _noiseless(self, episodes: int | None = None, seed: int | None = None):
         self.evals += 1
-        return self.client.submit(es_noiseless_task, self.run_name, self.actor,
-                                  self.cfg.stop.eval_episodes, 10_000 * self.evals, pure=False,
-                                  key=f"es-noiseless-{self.evals}-{self.run_name}")
+        return self.client.submit(
+            es_noiseless_task, self.run_name, self.actor,
+            self.cfg.stop.eval_episodes if episodes is None else episodes,
+            10_000 * self.evals if seed is None else seed, pure=False,
+            key=f"es-noiseless-{self.evals}-{self.run_name}")
 
     def _gather(self, futures: list, also: list = (), timeout: float | None = None
                 ) -> list | None:
@@ -188,6 +192,9 @@ class ESDriver(Trainer):
             evaluated = self._gather([evaluation])
             if evaluated is not None:
                 self.record_eval(evaluated[0])
+        if self.target_hit:  # generations are synchronous: theta is still, confirm it now
+            self.record_confirmation(self._noiseless_now(self.confirm_episodes,
+                                                         self.confirm_seed()))
         seconds = time.perf_counter() - t0
         record = {"generation": self.generation, "env_steps": self.env_steps,
                   "updates": self.updates, "wall_s": self.elapsed(),

@@ -19,8 +19,11 @@ def test_es_solves_cartpole(local_client, pipelines, tmp_path):
                            run_dir=tmp_path / "es")
     s = result.summary
     assert s["algorithm"] == "es" and s["solved"] and s["final_return"] >= 475, s
-    gens = [r for r in read_metrics(tmp_path / "es" / "metrics.jsonl")
-            if r["kind"] == "generation"]
+    records = read_metrics(tmp_path / "es" / "metrics.jsonl")
+    confirmations = [r for r in records if r["kind"] == "eval" and r["purpose"] == "confirmation"]
+    assert s["confirmation"] == {k: confirmations[-1][k] for k in s["confirmation"]}
+    assert s["confirmation"]["episodes"] == 100 and s["stop_reason"] == "solved"
+    gens = [r for r in records if r["kind"] == "generation"]
     assert len(gens) == s["generations"] > 1
     assert all(r["es/tasks"] == 6 for r in gens)  # 24 pairs / 4 per task
 

@@ -43,14 +43,46 @@ def test_cli_main_job_solves_cartpole(pipelines, tmp_path):
     assert json.loads(ev.stdout)["mean_return"] >= 400
 
 
+def _reevaluate(run_dir, episodes, seed, capsys):
+    """The final checkpoint, evaluated as a user would (``dask-rl evaluate``), on seeds no run
+    uses."""
+    from dask_rl.cli import main
+
+    assert main(["evaluate", str(run_dir), "--episodes", str(episodes), "--seed", str(seed)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 @pytest.mark.slow
-def test_python_api_on_a_users_cluster(local_client, pipelines, tmp_path):
-    result = dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client,
-                           run_dir=tmp_path / "api")
-    _check_solved(result.summary)
-    assert result.run_dir == tmp_path / "api"
-    assert json.loads((tmp_path / "api" / "summary.json").read_text()) == result.summary
-    # the user's cluster is still there and clean after the run
+def test_solved_means_solved_over_five_seeds_on_a_users_cluster(local_client, pipelines,
+                                                                 tmp_path, capsys):
+    """Every run of the main job that says solved holds >= 475 over 100 fresh episodes, and
+    the policy it keeps is the one its confirmation evaluated."""
+    solved = 0
+    for seed in (11, 12, 13, 14, 15):
+        run_dir = tmp_path / f"seed{seed}"
+        result = dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client,
+                               run_dir=run_dir, overrides=[f"seed={seed}"])
+        s = result.summary
+        assert json.loads((run_dir / "summary.json").read_text()) == s
+        evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        confirmations = [r for r in evals if r["kind"] == "eval"
+                         and r["purpose"] == "confirmation"]
+        if not s["solved"]:
+            assert s["stop_reason"] == "env_steps", s
+            continue
+        solved += 1
+        _check_solved(s)
+        conf = s["confirmation"]
+        assert conf["episodes"] == 100 and conf["mean_return"] >= 475, s
+        assert confirmations[-1]["version"] == conf["version"]
+        for r in confirmations[:-1]:   # an unconfirmed target: training went on
+            assert r["mean_return"] < 475 and r["version"] < conf["version"], r
+        again = _reevaluate(run_dir, 100, 777_000 + seed, capsys)
+        # the kept policy is the confirmed one, and it holds on episodes nobody has seen
+        assert again["version"] == conf["version"], (again, conf)
+        assert again["mean_return"] >= 475, (seed, again, conf)
+    assert solved >= 4, f"only {solved} of 5 seeds solved the main job"
+    # the user's cluster is still there and clean after the runs
     assert len(local_client.scheduler_info()["workers"]) == 2
 
 

@@ -21,6 +21,33 @@ def test_every_slot_starts_and_learners_are_launched_on_demand():
     assert d.rollouts == [1]                  # slot 1 runs again at once: nothing waits
 
 
+def test_paused_nothing_new_starts_and_what_runs_finishes():
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=4)
+    p.decide()
+    p.rollout_done(0, "a")
+    assert _trajectories(p.decide()) == [("a", True)]
+    p.paused = True
+    p.rollout_done(1, "b")                    # a rollout in flight still lands
+    d = p.decide()
+    assert d.rollouts == [] and d.learners == [] and list(p.ready) == ["b"]
+    p.learner_done(True)                      # the learner in flight still ends
+    assert p.learners_in_flight == 0 and not p.finished
+    p.paused = False
+    d = p.decide()
+    assert _trajectories(d) == [("b", True)] and d.rollouts == [1]
+
+
+def test_a_stop_unpauses_so_that_draining_can_finish():
+    p = LaunchPolicy(slots=1, max_learners=1, max_ready=2)
+    p.decide()
+    p.rollout_done(0, "a")
+    p.paused = True
+    p.stop(drain=True)
+    assert _trajectories(p.decide()) == [("a", True)]
+    p.learner_done(True)
+    assert p.finished
+
+
 def test_learners_are_capped_and_the_rest_wait_ready():
     p = LaunchPolicy(slots=4, max_learners=2, max_ready=8)
     p.decide()
@@ -143,8 +170,11 @@ def test_a_stop_without_draining_finishes_at_once():
     p = LaunchPolicy(slots=2, max_learners=1, max_ready=1)
     p.decide()
     assert not p.finished
+    p.rollout_done(0, "a")
     p.stop(drain=False)
     assert p.finished
+    d = p.decide()   # nothing more starts: the policy that stopped the run is the one kept
+    assert d.learners == [] and d.rollouts == []
 
 
 def test_discarding_counts_what_is_thrown_away_and_frees_the_slots():

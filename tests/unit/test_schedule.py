@@ -25,6 +25,15 @@ def test_an_evaluation_comes_when_the_training_return_reaches_the_target():
     assert s.due(updates=3, recent_return=480.0, recent_episodes=5, running=False)
 
 
+def test_after_an_unconfirmed_target_the_recent_return_alone_waits_a_period():
+    s = EvalSchedule(every_updates=50, target=475.0)
+    assert s.due(updates=7, recent_return=490.0, recent_episodes=20, running=False)
+    s.hold_target(7)
+    held = [u for u in range(8, 70)
+            if s.due(updates=u, recent_return=490.0, recent_episodes=20, running=False)]
+    assert held[0] == 57   # the first update count at least 50 past the unconfirmed one
+
+
 def test_learning_rate_anneals_linearly_to_a_floor():
     assert learning_rate(1e-3, anneal=False, env_steps=900, total_env_steps=1000) == 1e-3
     assert learning_rate(1e-3, anneal=True, env_steps=250, total_env_steps=1000) == \
