@@ -45,6 +45,7 @@ class TrainerSummary(RunSummary):
     gradients_applied: int
     gradients_dropped: int
     gradients_rejected: int
+    step_per_gradient: float | None   # alpha0 x the mean weight of an applied gradient
     pushes_refused: int          # repeats, other epochs' or runs' pushes: never applied
     env_steps_discarded: int     # learned from, then lost when a recovery rolled back
     updates_discarded: int       # applied, then lost when a recovery rolled back

@@ -105,6 +105,7 @@ class ParameterActor:
         self.ids = itertools.count()
         self.rejected = 0
         self.apply_s = 0.0
+        self.weight_sum = 0.0  # of the applied gradients' weights: the effective step's measure
         self.pushes = 0
         self.started = time.time()
         self._remember(self.current)
@@ -276,7 +277,8 @@ class ParameterActor:
         m.update({"gradients/rejected": self.rejected, "actor/apply_s": self.apply_s,
                   "actor/pushes": self.pushes, "pushes/refused": self.refused,
                   "pushes/distinct": len(self.seen),
-                  "learners/exchange_skipped": self.exchange_skipped})
+                  "learners/exchange_skipped": self.exchange_skipped,
+                  "gradients/weight_sum": self.weight_sum})
         return m
 
     # ---- checkpoint state --------------------------------------------------------------------
@@ -289,7 +291,7 @@ class ParameterActor:
         return {"params": cur.params, "version": cur.version, "moments": cur.moments,
                 "optimizer": optimizer, "learner_opt": self.opt_state, "target": self.target,
                 "strategy": self.strategy.state_dict(), "rejected": self.rejected,
-                "refused": self.refused,
+                "refused": self.refused, "weight_sum": self.weight_sum,
                 "seen": np.fromiter(sorted(self.seen), np.int64, len(self.seen))}
 
     @_locked
@@ -302,6 +304,7 @@ class ParameterActor:
             self.target = state.get("target")
         self.rejected = int(state.get("rejected", 0))
         self.refused = int(state.get("refused", 0))
+        self.weight_sum = float(state.get("weight_sum", 0.0))
         self.seen = {int(s) for s in np.asarray(state.get("seen", ()), np.int64)}
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
                                       state.get("moments"))
@@ -332,6 +335,7 @@ class ParameterActor:
         for gid, weight in decision.apply:
             grad, opt_state = self.gradients.pop(gid)
             g += np.float32(weight) * grad
+            self.weight_sum += float(weight)
             if opt_state is not None:
                 states.append(opt_state)
         params = cur.params.copy()

@@ -279,6 +279,7 @@ class Trainer(Run):
             "gradients_applied": actor_metrics["gradients/applied"],
             "gradients_dropped": actor_metrics["gradients/dropped"],
             "gradients_rejected": actor_metrics["gradients/rejected"],
+            "step_per_gradient": self.step_per_gradient(actor_metrics),
             "pushes_refused": actor_metrics["pushes/refused"],
             "env_steps_discarded": self.env_steps_discarded,
             "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
@@ -286,6 +287,16 @@ class Trainer(Run):
             "actor_apply_share": actor_metrics["actor/apply_s"] / max(wall, 1e-9),
             "worker_threads": sum(self.client.nthreads().values()),
         }
+
+    def step_per_gradient(self, actor_metrics: dict) -> float | None:
+        """The strategy's effective step: alpha0 times the mean weight an applied gradient got
+        (1 under async and SSP; 1/H when H gradients are averaged; Stellaris' staleness
+        scaling on top). None before any gradient was applied."""
+        applied = actor_metrics["gradients/applied"]
+        if not applied:
+            return None
+        alpha0 = self.actor_options().get("aggregation", self.cfg.aggregation).alpha0
+        return alpha0 * actor_metrics["gradients/weight_sum"] / applied
 
     def close(self, inflight: list | None = None) -> None:
         try:

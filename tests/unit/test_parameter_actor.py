@@ -45,6 +45,9 @@ def test_sync_averages_and_learner_optimizer_state_is_averaged():
     np.testing.assert_allclose(snap.opt_state["m"], [2, 2])
     np.testing.assert_allclose(snap.opt_state["v"], [3, 3])
     assert snap.opt_state["t"] == 6
+    # the effective step: a synchronous round, theta - alpha0 (1/H) sum_j g_j with H = 2,
+    # weighs each gradient 1/2
+    assert a.metrics()["gradients/weight_sum"] == 1.0 and a.metrics()["gradients/applied"] == 2
 
 
 def test_state_roundtrip_restores_version_and_drops_buffers():
@@ -56,6 +59,7 @@ def test_state_roundtrip_restores_version_and_drops_buffers():
     assert b.load_state_dict(state) == 1
     np.testing.assert_array_equal(b.pull().params, a.pull().params)
     assert b.metrics()["gradients/applied"] == 1
+    assert b.metrics()["gradients/weight_sum"] == a.metrics()["gradients/weight_sum"] == 1.0
 
 
 def test_learners_see_each_others_current_parameters_for_is_truncation():

@@ -1,0 +1,50 @@
+"""Uncertainty for the benchmarks: bootstrap confidence intervals and Welch's t-test.
+
+Plain numpy (and scipy's t distribution), so that every results JSON states how sure its
+figures are. Resampling uses a fixed generator: a rerun on the same rows gives the same
+interval.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+RESAMPLES = 10_000
+
+
+def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], float] = np.mean, *,
+                 level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``stat`` over ``values`` (resampled with replacement)."""
+    x = np.asarray(values, np.float64)
+    if x.size == 0:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    draws = np.array([stat(x[rng.integers(0, x.size, x.size)]) for _ in range(RESAMPLES)])
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float],
+                       stat: Callable[[np.ndarray], float] = np.median, *,
+                       level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """``stat(a) / stat(b)`` and its percentile bootstrap interval, each side resampled on its
+    own (the seeds of the two sides are independent runs)."""
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    rng = np.random.default_rng(seed)
+    draws = np.array([stat(x[rng.integers(0, x.size, x.size)])
+                      / stat(y[rng.integers(0, y.size, y.size)]) for _ in range(RESAMPLES)])
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(stat(x) / stat(y)), float(lo), float(hi)
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """Welch's unequal-variance t-test of mean(a) - mean(b): t, degrees of freedom, two-sided p."""
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    t = (x.mean() - y.mean()) / np.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
+    p = 2 * scipy_stats.t.sf(abs(t), df)
+    return {"t": float(t), "df": float(df), "p": float(p)}
