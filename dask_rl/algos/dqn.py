@@ -1,0 +1,97 @@
+"""Double DQN with n-step returns: the math, time-major ``[T, N]``, apart from any runtime.
+
+Double Q-learning's target (van Hasselt, Guez and Silver, AAAI 2016, Eq. 4): the online
+network picks the next action, the target network values it,
+
+    Y_t = R_{t+1} + gamma Q(S_{t+1}, argmax_a Q(S_{t+1}, a; theta_t); theta^-_t),
+
+extended to ``n`` steps as in Rainbow (Hessel et al., AAAI 2018, Sec. "Multi-step learning"):
+
+    G_t^(n) = sum_{k=0}^{m-1} gamma^k R_{t+k+1} + gamma^m Q_double(S_{t+m}),
+
+where ``m = min(n, steps to the episode's end, steps to the trajectory's end)``: the sum stops
+at an episode's end, and its bootstrap is 0 after a termination, the double-Q value of the
+final observation after a truncation (time limits are not terminal), and the double-Q value of
+the next observation where the trajectory (or the ``n`` steps) end. The loss is the Huber loss
+of ``Q(S_t, A_t; theta) - G_t`` (DQN's clipping of the error to [-1, 1]: Mnih et al., Nature
+2015, Methods, "Training algorithm").
+
+Exploration is epsilon-greedy with epsilon decayed linearly (Mnih et al. 2015: 1 to 0.1 over
+the first million frames; the end point and length are configurable).
+
+Deviation: none in the math. The runtime side (replay buffer on workers, target refresh by the
+parameter actor) lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def double_q_bootstrap(q_online_next: np.ndarray, q_target_next: np.ndarray) -> np.ndarray:
+    """``Q_target(s', argmax_a Q_online(s', a))`` over the last axis (actions)."""
+    best = np.argmax(q_online_next, axis=-1)
+    return np.take_along_axis(q_target_next, best[..., None], axis=-1)[..., 0]
+
+
+def n_step_targets(rewards: np.ndarray, terminated: np.ndarray, episode_end: np.ndarray,
+                   bootstrap: np.ndarray, gamma: float, n: int) -> np.ndarray:
+    """The n-step double-Q targets ``G_t`` of every step, ``[T, N]``.
+
+    ``rewards[t]`` is the reward of the step from ``s_t``; ``terminated[t]`` says that step
+    ended the episode in a terminal state, ``episode_end[t]`` that it ended the episode at all
+    (terminated or truncated); ``bootstrap[t]`` is the double-Q value of the observation after
+    step ``t`` (the final observation where the episode was truncated; ignored where it
+    terminated).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    T = rewards.shape[0]
+    rewards = rewards.astype(np.float64)
+    targets = np.zeros(rewards.shape, np.float64)
+    # For each start t, walk k = 0.. while the sum goes on; ``open_`` marks the starts whose
+    # sum has not stopped yet, ``scale`` is gamma^k for them.
+    open_ = np.ones(rewards.shape, bool)
+    scale = np.ones(rewards.shape, np.float64)
+    for k in range(n):
+        step = np.arange(T) + k                      # the step each start has reached
+        inside = step < T
+        at = np.minimum(step, T - 1)
+        live = open_ & inside[:, None]
+        targets += np.where(live, scale * rewards[at], 0.0)
+        ended = episode_end[at] & live
+        last = live & ((k == n - 1) | (step == T - 1)[:, None] | ended)
+        boot = np.where(terminated[at], 0.0, bootstrap[at].astype(np.float64))
+        targets += np.where(last, scale * gamma * boot, 0.0)
+        open_ &= ~last
+        scale = scale * gamma
+    return targets.astype(np.float32)
+
+
+def td_loss(q_taken: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Huber loss (delta = 1) of ``Q(s, a) - G``, averaged over the batch."""
+    return F.smooth_l1_loss(q_taken, targets, beta=1.0)
+
+
+def q_taken(q: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """``Q(s_i, a_i)`` of each row: ``q`` is ``[B, A]``, ``actions`` ``[B]`` integers."""
+    return q.gather(1, actions.long().unsqueeze(1)).squeeze(1)
+
+
+def epsilon(env_steps: int, *, start: float, end: float, decay_steps: int) -> float:
+    """Epsilon-greedy's epsilon after ``env_steps`` steps: linear from ``start`` to ``end``
+    over ``decay_steps``, then ``end``."""
+    if decay_steps <= 0:
+        return end
+    frac = min(env_steps / decay_steps, 1.0)
+    return (1.0 - frac) * start + frac * end
+
+
+def epsilon_greedy(q: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+    """One action per row of ``q`` (``[N, A]``): uniform with probability ``eps``, else
+    the argmax."""
+    greedy = np.argmax(q, axis=-1)
+    explore = rng.random(q.shape[0]) < eps
+    return np.where(explore, rng.integers(0, q.shape[-1], q.shape[0]), greedy)

@@ -1,0 +1,67 @@
+"""TianJi's allocation LP on scripted throughputs whose optimum is known."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from dask_rl.control.allocation import balance, operating_rule
+
+
+def _best_by_enumeration(r_l, r_a, slots, cap):
+    """Every integer allocation tried: the max of min(T_RL, T_RA), fewest slots on ties."""
+    best = None
+    for n_l, n_a in itertools.product(range(1, cap + 1), range(1, slots)):
+        if n_l + n_a > slots:
+            continue
+        score = (min(n_l * r_l, n_a * r_a), -(n_l + n_a))
+        if best is None or score > best[0]:
+            best = (score, (n_l, n_a))
+    return best
+
+
+def test_balanced_rates_on_an_exact_split():
+    # T_RL = 100 n_L, T_RA = 300 n_A, 8 slots: 100 n_L = 300 n_A and n_L + n_A = 8 -> 6 / 2
+    a = balance(learner_rate=100, actor_rate=300, slots=8)
+    assert (a.learners, a.actors) == (6, 2)
+    assert a.lp_learners == pytest.approx(6) and a.lp_actors == pytest.approx(2)
+    assert a.throughput == 600 and a.bound == "balance"
+
+
+def test_a_fractional_optimum_rounds_to_the_best_integer_allocation():
+    # 100 n_L = 200 n_A, n_L + n_A = 8: LP 16/3 and 8/3; integers: (5, 3) gives min(500, 600)
+    a = balance(learner_rate=100, actor_rate=200, slots=8)
+    assert a.lp_learners == pytest.approx(16 / 3) and a.lp_actors == pytest.approx(8 / 3)
+    assert (a.learners, a.actors) == (5, 3) and a.throughput == 500
+
+
+def test_the_staleness_bound_caps_learners_and_actors_are_not_wasted():
+    # 3 learners at most: T_RL = 300, one actor slot already produces 300
+    a = balance(learner_rate=100, actor_rate=300, slots=8, max_learners=3)
+    assert (a.learners, a.actors) == (3, 1) and a.throughput == 300
+    assert a.bound == "staleness"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_matches_enumeration_on_random_rates(seed):
+    rng = np.random.default_rng(seed)
+    r_l, r_a = rng.uniform(10, 1000, 2)
+    slots = int(rng.integers(2, 33))
+    cap = int(rng.integers(1, slots))
+    a = balance(learner_rate=r_l, actor_rate=r_a, slots=slots, max_learners=cap)
+    (score, _), (n_l, n_a) = _best_by_enumeration(r_l, r_a, slots, cap)
+    assert a.throughput == pytest.approx(score)
+    assert a.learners <= cap and a.learners + a.actors <= slots
+
+
+def test_bad_rates_or_too_few_slots_are_refused():
+    with pytest.raises(ValueError, match="rates"):
+        balance(learner_rate=0, actor_rate=1, slots=4)
+    with pytest.raises(ValueError, match="2 slots"):
+        balance(learner_rate=1, actor_rate=1, slots=1)
+
+
+def test_the_operating_rules_of_the_tuning_guide():
+    assert operating_rule(0.35) == "more_learners"
+    assert operating_rule(0.05) == "larger_batch"
+    assert operating_rule(0.2) is None and operating_rule(0.3) is None
