@@ -25,9 +25,35 @@ parameter actor) lives elsewhere.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from dask_rl.data import Trajectory
+
+
+@dataclass
+class Transitions:
+    """Sampled n-step transitions: the target of row ``j`` is
+    ``returns[j] + discounts[j] * Q_double(next_obs[j])``."""
+
+    obs: np.ndarray        # [B, *obs_shape]
+    actions: np.ndarray    # [B, *action_shape]
+    returns: np.ndarray    # [B] float32, the discounted n-step reward sums
+    discounts: np.ndarray  # [B] float32, gamma^m, 0 after a termination
+    next_obs: np.ndarray   # [B, *obs_shape], the observation that bootstraps
+
+    def __len__(self) -> int:
+        return int(self.returns.shape[0])
+
+    @classmethod
+    def concat(cls, parts: "list[Transitions]") -> "Transitions":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in ("obs", "actions", "returns", "discounts", "next_obs")))
 
 
 def double_q_bootstrap(q_online_next: np.ndarray, q_target_next: np.ndarray) -> np.ndarray:
@@ -36,38 +62,78 @@ def double_q_bootstrap(q_online_next: np.ndarray, q_target_next: np.ndarray) -> 
     return np.take_along_axis(q_target_next, best[..., None], axis=-1)[..., 0]
 
 
-def n_step_targets(rewards: np.ndarray, terminated: np.ndarray, episode_end: np.ndarray,
-                   bootstrap: np.ndarray, gamma: float, n: int) -> np.ndarray:
-    """The n-step double-Q targets ``G_t`` of every step, ``[T, N]``.
+def n_step_returns(rewards: np.ndarray, terminated: np.ndarray, episode_end: np.ndarray,
+                   gamma: float, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's n-step return, split for sampling: ``(R, discount, last)``, all ``[T, N]``.
+
+    ``R[t] = sum_{k<m} gamma^k r_{t+k}``; ``discount[t] = gamma^m``, or 0 where the sum ended
+    in a termination; ``last[t] = t + m - 1``, the step whose *next* observation bootstraps
+    (the target is ``R + discount * Q_double(next obs of step last)``).
 
     ``rewards[t]`` is the reward of the step from ``s_t``; ``terminated[t]`` says that step
-    ended the episode in a terminal state, ``episode_end[t]`` that it ended the episode at all
-    (terminated or truncated); ``bootstrap[t]`` is the double-Q value of the observation after
-    step ``t`` (the final observation where the episode was truncated; ignored where it
-    terminated).
+    ended the episode in a terminal state, ``episode_end[t]`` that it ended it at all
+    (terminated or truncated).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     T = rewards.shape[0]
     rewards = rewards.astype(np.float64)
-    targets = np.zeros(rewards.shape, np.float64)
+    returns = np.zeros(rewards.shape, np.float64)
+    discounts = np.zeros(rewards.shape, np.float64)
+    last = np.zeros(rewards.shape, np.int64)
     # For each start t, walk k = 0.. while the sum goes on; ``open_`` marks the starts whose
     # sum has not stopped yet, ``scale`` is gamma^k for them.
     open_ = np.ones(rewards.shape, bool)
     scale = np.ones(rewards.shape, np.float64)
     for k in range(n):
         step = np.arange(T) + k                      # the step each start has reached
-        inside = step < T
         at = np.minimum(step, T - 1)
-        live = open_ & inside[:, None]
-        targets += np.where(live, scale * rewards[at], 0.0)
-        ended = episode_end[at] & live
-        last = live & ((k == n - 1) | (step == T - 1)[:, None] | ended)
-        boot = np.where(terminated[at], 0.0, bootstrap[at].astype(np.float64))
-        targets += np.where(last, scale * gamma * boot, 0.0)
-        open_ &= ~last
+        live = open_ & (step < T)[:, None]
+        returns += np.where(live, scale * rewards[at], 0.0)
+        stop = live & ((k == n - 1) | (step == T - 1)[:, None] | episode_end[at])
+        discounts = np.where(stop, np.where(terminated[at], 0.0, scale * gamma), discounts)
+        last = np.where(stop, at[:, None], last)
+        open_ &= ~stop
         scale = scale * gamma
-    return targets.astype(np.float32)
+    return returns.astype(np.float32), discounts.astype(np.float32), last
+
+
+def n_step_targets(rewards: np.ndarray, terminated: np.ndarray, episode_end: np.ndarray,
+                   bootstrap: np.ndarray, gamma: float, n: int) -> np.ndarray:
+    """The n-step double-Q targets ``G_t`` of every step, ``[T, N]``, given ``bootstrap[t]``,
+    the double-Q value of the observation after step ``t`` (the final observation where the
+    episode was truncated; ignored where it terminated)."""
+    returns, discounts, last = n_step_returns(rewards, terminated, episode_end, gamma, n)
+    boot = np.take_along_axis(bootstrap, last, axis=0)
+    return (returns + discounts * boot).astype(np.float32)
+
+
+def next_observations(traj: "Trajectory", t: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """The observation after step ``t`` of env ``i`` (row-wise): the final observation where
+    the episode was truncated there (``obs[t + 1]`` is the next episode's first, after an
+    autoreset), ``last_obs`` after the trajectory's last step, else ``obs[t + 1]``."""
+    T = traj.num_steps
+    out = traj.obs[np.minimum(t + 1, T - 1), i].copy()
+    at_end = t == T - 1
+    out[at_end] = traj.last_obs[i[at_end]]
+    if len(traj.trunc_index):
+        where = {(int(a), int(b)): k for k, (a, b) in enumerate(traj.trunc_index)}
+        for row, key in enumerate(zip(t.tolist(), i.tolist())):
+            if key in where:
+                out[row] = traj.trunc_obs[where[key]]
+    return out
+
+
+def sample_transitions(traj: "Trajectory", t: np.ndarray, i: np.ndarray, *, gamma: float,
+                       n: int, rewards: np.ndarray | None = None) -> Transitions:
+    """The n-step transitions starting at steps ``(t[j], i[j])`` of a trajectory; ``rewards``
+    replaces the raw ones (clipped or scaled as the learner sees them)."""
+    episode_end = traj.terminated | traj.truncated
+    returns, discounts, last = n_step_returns(
+        traj.rewards if rewards is None else rewards, traj.terminated, episode_end, gamma, n)
+    return Transitions(obs=traj.obs[t, i], actions=traj.actions[t, i],
+                       returns=returns[t, i], discounts=discounts[t, i],
+                       next_obs=next_observations(traj, last[t, i], i))
 
 
 def td_loss(q_taken: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -96,3 +96,53 @@ def test_epsilon_greedy_explores_at_rate_epsilon_and_is_greedy_otherwise():
     # greedy 60% + a uniform pick of action 1 in 40% / 4 = 70% on action 1
     assert abs((picks == 1).mean() - 0.7) < 0.02
     assert abs((picks == 0).mean() - 0.1) < 0.01
+
+
+def _scripted_trajectory(rng, T=10, N=3):
+    from dask_rl.data import Trajectory
+
+    obs = (np.arange(T)[:, None] * 10 + np.arange(N)[None, :]).astype(np.float32)[..., None]
+    terminated = rng.random((T, N)) < 0.15
+    truncated = (rng.random((T, N)) < 0.15) & ~terminated
+    trunc_index = np.argwhere(truncated).astype(np.int32)
+    return Trajectory(
+        obs=obs, actions=rng.integers(0, 2, (T, N)),
+        rewards=rng.normal(size=(T, N)).astype(np.float32), terminated=terminated,
+        truncated=truncated, behaviour_logp=np.zeros((T, N), np.float32),
+        last_obs=np.full((N, 1), -1.0, np.float32), trunc_index=trunc_index,
+        trunc_obs=-100.0 - np.arange(len(trunc_index), dtype=np.float32)[:, None],
+        policy_version=0)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_sampled_transitions_carry_the_right_return_discount_and_bootstrap_observation(n):
+    rng = np.random.default_rng(7 + n)
+    traj = _scripted_trajectory(rng)
+    T, N, gamma = 10, 3, 0.9
+    t = rng.integers(0, T, 40)
+    i = rng.integers(0, N, 40)
+    got = dqn.sample_transitions(traj, t, i, gamma=gamma, n=n)
+    truncs = {(int(a), int(b)): k for k, (a, b) in enumerate(traj.trunc_index)}
+    for row in range(40):
+        start, env = int(t[row]), int(i[row])
+        g, disc, nxt = 0.0, None, None
+        for k in range(n):
+            j = start + k
+            g += gamma**k * traj.rewards[j, env]
+            if traj.terminated[j, env]:
+                disc = 0.0
+                break
+            if traj.truncated[j, env]:          # the episode's final observation
+                disc, nxt = gamma ** (k + 1), traj.trunc_obs[truncs[(j, env)]]
+                break
+            if j == T - 1:                      # the trajectory's end
+                disc, nxt = gamma ** (k + 1), traj.last_obs[env]
+                break
+            if k == n - 1:
+                disc, nxt = gamma ** (k + 1), traj.obs[j + 1, env]
+        assert got.returns[row] == pytest.approx(g, abs=1e-5)
+        assert got.discounts[row] == pytest.approx(disc)
+        if disc:
+            np.testing.assert_array_equal(got.next_obs[row], nxt)
+        np.testing.assert_array_equal(got.obs[row], traj.obs[start, env])
+        assert got.actions[row] == traj.actions[start, env]
