@@ -8,6 +8,10 @@ data into losses; the runtime asks it nothing else. Two families exist:
   once per trajectory, then :meth:`~LearnerAlgorithm.loss` on minibatches for
   ``learner.epochs`` x ``learner.minibatches`` Adam steps, and asks
   :meth:`~LearnerAlgorithm.stop_epochs` after each epoch;
+* :class:`ReplayAlgorithm` — value-based learners (DQN) trained on transitions sampled from a
+  replay buffer that stays on the workers (TianJi's replay path): the learner calls
+  :meth:`~ReplayAlgorithm.loss` on each sampled batch; rollouts act epsilon-greedily with
+  :meth:`~ReplayAlgorithm.epsilon`;
 * ``evolution`` algorithms (ES) — generations of perturbations; their driver uses the pure
   functions of their module.
 
@@ -139,3 +143,19 @@ class LearnerAlgorithm(Algorithm):
     def stop_epochs(self, epoch_stats: list[dict[str, float]]) -> bool:
         """After an epoch: stop this learner's epochs early (PPO's ``target_kl``)?"""
         return False
+
+
+class ReplayAlgorithm(Algorithm):
+    """A value-based learner on replayed transitions (family ``replay``)."""
+
+    family = "replay"
+
+    @abc.abstractmethod
+    def loss(self, model: torch.nn.Module, target: torch.nn.Module, batch: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(loss, stats)`` on a batch of transitions (``obs``, ``actions``, ``returns``,
+        ``discounts``, ``next_obs``); ``target`` holds the target network's parameters."""
+
+    @abc.abstractmethod
+    def epsilon(self, env_steps: int) -> float:
+        """Exploration after ``env_steps`` environment steps."""

@@ -19,21 +19,81 @@ of ``Q(S_t, A_t; theta) - G_t`` (DQN's clipping of the error to [-1, 1]: Mnih et
 Exploration is epsilon-greedy with epsilon decayed linearly (Mnih et al. 2015: 1 to 0.1 over
 the first million frames; the end point and length are configurable).
 
-Deviation: none in the math. The runtime side (replay buffer on workers, target refresh by the
-parameter actor) lives elsewhere.
+Deviations: none in the math. Learners are asynchronous tasks (TianJi's relaxed
+dependencies): each pulls the parameters and the target network, takes ``updates_per_task``
+Adam steps on batches of ``batch_size`` sampled transitions and pushes the change, as PPO's
+learners do; the target network is refreshed by the parameter actor every ``target_every``
+updates. Its Q-network is the policy head of the actor-critic models (the value head is
+unused): the greedy policy is the argmax of ``Q``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dask_rl.algos.base import Needs, ReplayAlgorithm
+from dask_rl.config.schema import AlgoConfig, option
+
 if TYPE_CHECKING:
     from dask_rl.data import Trajectory
+
+
+@dataclass(frozen=True, kw_only=True)
+class DQNConfig(AlgoConfig):
+    name: Literal["dqn"] = option("dqn", "algorithm")
+    gamma: float = option(0.99, "discount", ge=0, le=1)
+    n_step: int = option(3, "steps of the multi-step return", ge=1)
+    target_every: int = option(100, "parameter updates between target-network refreshes", ge=1)
+    batch_size: int = option(128, "B_s: transitions per gradient step (the controller may "
+                                  "shrink it)", ge=1)
+    min_batch_size: int = option(32, "the smallest batch the controller shrinks to", ge=1)
+    updates_per_task: int = option(32, "gradient steps per learner task", ge=1)
+    replay_ratio: float = option(8.0, "transitions learned per env step collected: rollouts "
+                                      "wait while the learners are further behind", gt=0)
+    buffer_size: int = option(50_000, "N_s: transitions the replay buffer keeps (the "
+                                      "controller may grow it)", ge=1)
+    max_buffer_size: int = option(200_000, "the largest buffer the controller grows to", ge=1)
+    learning_starts: int = option(2_000, "transitions collected before learners start", ge=1)
+    staleness_tolerance: float = option(0.2, "TianJi's bound on P = B_s / N_s", gt=0, le=1)
+    staleness_lambda: float = option(1.0, "lambda of the learning rate alpha / (1 + lambda P)",
+                                     ge=0)
+    eps_start: float = option(1.0, "epsilon-greedy's epsilon at the start", ge=0, le=1)
+    eps_end: float = option(0.05, "... at the end of the decay", ge=0, le=1)
+    eps_decay_steps: int = option(20_000, "env steps of the linear decay", ge=0)
+
+
+class DQN(ReplayAlgorithm):
+    """Double DQN with n-step returns: the Huber loss of ``Q(s, a) - G^(n)`` with the double-Q
+    bootstrap (van Hasselt et al. 2016, Eq. 4; Hessel et al. 2018, multi-step learning)."""
+
+    name = "dqn"
+    config_class = DQNConfig
+    cfg: DQNConfig
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(target_network_every=self.cfg.target_every, discount=self.cfg.gamma)
+
+    def loss(self, model: torch.nn.Module, target: torch.nn.Module, batch: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        with torch.no_grad():
+            q_next_online = model.q_values(batch["next_obs"])
+            q_next_target = target.q_values(batch["next_obs"])
+            best = q_next_online.argmax(-1, keepdim=True)
+            boot = q_next_target.gather(1, best).squeeze(1)
+            targets = batch["returns"] + batch["discounts"] * boot
+        q = q_taken(model.q_values(batch["obs"]), batch["actions"])
+        loss = td_loss(q, targets)
+        return loss, {"losses/td_loss": float(loss), "losses/q_values": float(q.mean())}
+
+    def epsilon(self, env_steps: int) -> float:
+        return epsilon(env_steps, start=self.cfg.eps_start, end=self.cfg.eps_end,
+                       decay_steps=self.cfg.eps_decay_steps)
 
 
 @dataclass

@@ -27,6 +27,7 @@ BUILTIN: dict[str, str] = {
     "ppo": "dask_rl.algos.ppo:PPO",
     "impact": "dask_rl.algos.impact:IMPACT",
     "es": "dask_rl.algos.es:ES",
+    "dqn": "dask_rl.algos.dqn:DQN",
 }
 
 _REGISTERED: dict[str, type["Algorithm"]] = {}

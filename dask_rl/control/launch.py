@@ -17,6 +17,11 @@ trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed depende
   so the next round acts with the version the previous round's update produced.
 * **Slots follow the cluster.** :meth:`resize` adds idle slots or retires the highest ones
   (their running tasks finish; they are not resubmitted).
+* **Sampled learners** (``sampled``, value-based algorithms on a replay buffer: TianJi's
+  replay path): finished trajectories go to the caller's buffer, not to learners; while
+  :attr:`sample_ready` (the buffer holds enough), ``max_learners`` learners run at all times,
+  each on a sample the caller draws (``LearnerLaunch.trajectory`` is None). Rollouts wait
+  only while :attr:`rollouts_held` (the caller's replay ratio says the learners are behind).
 * **Pausing** (:attr:`paused`) holds the policy still: nothing new starts, what runs finishes,
   ready trajectories wait. The driver pauses to confirm a target on the policy it would keep.
 * **A round** is one trajectory learned per slot; :meth:`learner_done` says when one ended, so
@@ -50,8 +55,8 @@ T = TypeVar("T")
 class LearnerLaunch(Generic[T]):
     """Launch a learner on ``trajectory``."""
 
-    trajectory: T
-    first_use: bool   # False: a replay of a trajectory already learned from
+    trajectory: T | None  # None: a sampled learner (the caller draws its batch)
+    first_use: bool   # False: a replay of a trajectory already learned from, or a sample
     concurrent: int   # learners in flight once this one runs, itself included
 
 
@@ -90,7 +95,8 @@ class LaunchPolicy(Generic[T]):
     """
 
     def __init__(self, *, slots: int, max_learners: int, max_ready: int,
-                 synchronous: bool = False, replay: TrajectoryReplay[T] | None = None):
+                 synchronous: bool = False, replay: TrajectoryReplay[T] | None = None,
+                 sampled: bool = False):
         if slots < 0 or max_learners < 1 or max_ready < 1:
             raise ValueError(f"slots must be >= 0, max_learners and max_ready >= 1, got "
                              f"{slots}, {max_learners}, {max_ready}")
@@ -107,12 +113,17 @@ class LaunchPolicy(Generic[T]):
         self.stopping = False
         self.draining = False
         self.paused = False   # nothing new starts (the policy is held still for a confirmation)
+        self.sampled = sampled
+        self.sample_ready = False  # sampled learners: the caller's buffer holds enough
+        self.rollouts_held = False  # sampled learners: the caller's replay ratio holds rollouts
 
     # ---- events ----------------------------------------------------------------------------
     def rollout_done(self, slot: int, trajectory: T) -> None:
-        """A rollout on ``slot`` finished; its trajectory waits for a learner."""
+        """A rollout on ``slot`` finished; its trajectory waits for a learner (with sampled
+        learners the caller keeps it in its buffer instead)."""
         self._rollout_ended(slot)
-        self.ready.append(trajectory)
+        if not self.sampled:
+            self.ready.append(trajectory)
 
     def rollout_failed(self, slot: int) -> None:
         """A rollout on ``slot`` failed; the slot is free again."""
@@ -191,12 +202,20 @@ class LaunchPolicy(Generic[T]):
 
     # ---- rules -----------------------------------------------------------------------------
     def _rollouts_may_run(self) -> bool:
+        if self.rollouts_held:
+            return False
         if self.synchronous:  # a round ends when everything it collected has been learned
             return not (self.running_slots or self.learners or self.ready)
         return len(self.ready) < self.max_ready
 
     def _learners(self) -> list[LearnerLaunch[T]]:
         out: list[LearnerLaunch[T]] = []
+        if self.sampled:
+            while (len(self.learners) < self.max_learners and self.sample_ready
+                   and not self.stopping):
+                self.learners.append(False)
+                out.append(LearnerLaunch(None, False, len(self.learners)))
+            return out
         while len(self.learners) < self.max_learners:
             if self.ready:
                 trajectory, first_use = self.ready.popleft(), True

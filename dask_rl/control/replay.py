@@ -1,6 +1,11 @@
-"""IMPACT's circular replay buffer (Luo et al., ICLR'20, Sec. 3.2), over trajectory handles.
+"""Replay buffers over trajectory handles, and TianJi's sample-staleness control.
 
-The buffer keeps the ``capacity`` newest trajectories and lets each be learned from at most
+:class:`TrajectoryReplay` is IMPACT's circular replay buffer (Luo et al., ICLR'20, Sec. 3.2):
+whole trajectories replayed by learners. :class:`TransitionReplay` is TianJi's buffer of
+``N_s`` transitions that value-based learners sample batches from, and
+:class:`SampleStaleness` keeps its ratio ``P = B_s / N_s`` under a tolerance.
+
+IMPACT's buffer keeps the ``capacity`` newest trajectories and lets each be learned from at most
 ``replay`` times in all (its first use included). It holds *handles* — Dask futures in the
 driver, anything in tests — never the data, which stays on the worker that collected it.
 
@@ -17,7 +22,11 @@ True
 from __future__ import annotations
 
 import collections
+import math
+from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -61,3 +70,113 @@ class TrajectoryReplay(Generic[T]):
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+class TransitionReplay(Generic[T]):
+    """TianJi's replay buffer of ``N_s`` transitions, over trajectory handles (the data stays
+    on the worker that collected it): the newest trajectories up to ``capacity`` transitions,
+    sampled uniformly over transitions.
+
+    Examples
+    --------
+    >>> buffer = TransitionReplay(capacity=1_000)
+    >>> buffer.add("t1", steps=128, envs=4)   # 512 transitions
+    []
+    >>> plan = buffer.sample(64, np.random.default_rng(0))   # {"t1": (t, i)}
+    """
+
+    def __init__(self, *, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.entries: collections.deque[tuple[T, int, int]] = collections.deque()
+        self.size = 0
+
+    def add(self, handle: T, *, steps: int, envs: int) -> list[T]:
+        """Keep a trajectory of ``steps`` x ``envs`` transitions; returns the handles evicted
+        to stay within the capacity (the oldest; the newest one always stays)."""
+        self.entries.append((handle, steps, envs))
+        self.size += steps * envs
+        evicted = []
+        while self.size > self.capacity and len(self.entries) > 1:
+            old, s, e = self.entries.popleft()
+            self.size -= s * e
+            evicted.append(old)
+        return evicted
+
+    def sample(self, count: int,
+               rng: np.random.Generator) -> dict[T, tuple[np.ndarray, np.ndarray]]:
+        """``count`` transitions drawn uniformly (with replacement): per handle, the step and
+        env indices ``(t, i)`` of its draws."""
+        if not self.entries:
+            raise ValueError("the replay buffer is empty")
+        sizes = np.array([s * e for _, s, e in self.entries])
+        draws = rng.integers(0, self.size, count)
+        which = np.searchsorted(np.cumsum(sizes), draws, side="right")
+        offset = draws - (np.cumsum(sizes) - sizes)[which]
+        plan: dict[T, tuple[np.ndarray, np.ndarray]] = {}
+        for k in np.unique(which):
+            handle, _, envs = self.entries[int(k)]
+            local = offset[which == k]
+            plan[handle] = (local // envs, local % envs)
+        return plan
+
+    def items(self) -> list[tuple[T, int, int]]:
+        """``(handle, steps, envs)`` of every trajectory kept, oldest first."""
+        return list(self.entries)
+
+    def restore(self, items: list[tuple[T, int, int]]) -> None:
+        """Replace the contents (from a checkpoint), oldest first."""
+        self.clear()
+        for handle, steps, envs in items:
+            self.add(handle, steps=steps, envs=envs)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.size = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass
+class SampleStaleness:
+    """TianJi's sample-staleness control (notes, Sec. 2.3.1 and 3.2): the ratio
+    ``P = B_s / N_s`` of the batch a gradient step draws to the transitions the buffer holds is
+    kept at or under ``tolerance``, and the learning rate follows ``alpha / (1 + lambda P)``.
+
+    Above the tolerance the controller first **grows** ``N_s`` (the buffer's capacity, up to
+    ``max_capacity``) and only at that cap **shrinks** ``B_s`` (down to ``min_batch``). Growing
+    keeps the gradient's batch, hence its variance and the learner's efficiency per step, and
+    costs worker memory, which the cap bounds; a smaller batch is noisier per step. While the
+    buffer is still filling towards a capacity large enough, ``P`` falls by itself and nothing
+    changes.
+    """
+
+    batch: int               # B_s
+    capacity: int            # N_s's bound
+    tolerance: float
+    max_capacity: int
+    min_batch: int
+    lam: float = 1.0
+
+    def ratio(self, held: int) -> float:
+        """``P``, measured against the transitions the buffer holds now."""
+        return self.batch / max(held, 1)
+
+    def learning_rate(self, alpha: float, held: int) -> float:
+        """``alpha / (1 + lambda P)``."""
+        return alpha / (1.0 + self.lam * self.ratio(held))
+
+    def control(self, held: int) -> str | None:
+        """Act on ``P``: ``"grow_buffer"``, ``"shrink_batch"`` or None."""
+        if self.ratio(held) <= self.tolerance:
+            return None
+        need = math.ceil(self.batch / self.tolerance)
+        if self.capacity < need and self.capacity < self.max_capacity:
+            self.capacity = min(self.max_capacity, need)
+            return "grow_buffer"
+        if held >= self.capacity and self.batch > self.min_batch:
+            self.batch = max(self.min_batch, math.floor(self.tolerance * held))
+            return "shrink_batch"
+        return None

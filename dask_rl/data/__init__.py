@@ -9,8 +9,9 @@ from dask_rl.data.results import (
                                   PolicySnapshot,
                                   Progress,
                                   PushAck,
+                                  TrajectoryStats,
 )
 from dask_rl.data.trajectory import Trajectory
 
 __all__ = ["ESStep", "Evaluation", "LearnerReport", "LearnerUpdate", "PerturbationResult",
-           "PolicySnapshot", "Progress", "PushAck", "Trajectory"]
+           "PolicySnapshot", "Progress", "PushAck", "Trajectory", "TrajectoryStats"]

@@ -95,6 +95,21 @@ class LearnerReport:
                 "worker": self.worker}
 
 
+@dataclass
+class TrajectoryStats:
+    """A finished rollout's counts, for a run whose learners sample a replay buffer (the
+    trajectory itself stays on its worker)."""
+
+    env_steps: int
+    steps: int
+    envs: int
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    policy_version: int
+    nbytes: int
+    collect_s: float
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """A greedy (or, for ES, noiseless) evaluation of one policy version."""

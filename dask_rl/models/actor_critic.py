@@ -92,6 +92,16 @@ class _Policy(nn.Module):
             return CategoricalDist(out)
         return DiagGaussianDist(out, self.log_std)
 
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """The discrete head's raw outputs, read as action values ``Q(s, .)`` by value-based
+        algorithms (DQN): the greedy action (the mode of the policy) is their argmax."""
+        if not self.discrete:
+            raise TypeError("action values need a discrete action space")
+        return self.pi_head(self.policy_features(obs))
+
+    def policy_features(self, obs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
     def act(self, obs: torch.Tensor, *, greedy: bool = False,
             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample (or pick greedily) actions: ``(actions, log_probs)``; no value computed."""
@@ -137,8 +147,11 @@ class ActorCritic(_Policy):
         v_feat = self.v_body(x) if self.v_body is not None else feat
         return self._dist(feat), self.v_head(v_feat).squeeze(-1)
 
+    def policy_features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.pi_body(self._input(obs))
+
     def policy(self, obs: torch.Tensor) -> ActionDist:
-        return self._dist(self.pi_body(self._input(obs)))
+        return self._dist(self.policy_features(obs))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         x = self._input(obs)
@@ -167,6 +180,9 @@ class NatureCNNActorCritic(_Policy):
     def forward(self, obs: torch.Tensor):
         feat = self._features(obs)
         return self._dist(feat), self.v_head(feat).squeeze(-1)
+
+    def policy_features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._features(obs)
 
     def policy(self, obs: torch.Tensor) -> ActionDist:
         return self._dist(self._features(obs))

@@ -14,6 +14,7 @@ import torch
 from gymnasium import spaces
 
 from dask_rl.algos import registry
+from dask_rl.algos.dqn import epsilon_greedy
 from dask_rl.config.schema import PipelineConfig
 from dask_rl.data import PolicySnapshot, Trajectory
 from dask_rl.envs import episode_stats, make_vector_env
@@ -49,6 +50,7 @@ class Collector:
                                 cfg.model, normalize_obs=cfg.env.normalize_obs)
         self.model.eval()
         self.generator = torch.Generator().manual_seed(seed)
+        self.rng = np.random.default_rng(seed)   # epsilon-greedy's draws
         self.version = -1
         self.source: str | None = None  # which parameter actor the version came from
         self.discounted = np.zeros(self.env.num_envs)  # running returns, for reward scaling
@@ -61,8 +63,11 @@ class Collector:
         self.source = source
 
     @torch.inference_mode()
-    def collect(self, num_steps: int) -> Trajectory:
-        """Step all environments ``num_steps`` times and return what happened."""
+    def collect(self, num_steps: int, *, epsilon: float | None = None) -> Trajectory:
+        """Step all environments ``num_steps`` times and return what happened.
+
+        ``epsilon`` acts epsilon-greedily on the model's action values instead of sampling
+        its policy (value-based algorithms); ``behaviour_logp`` is then 0."""
         t0 = time.perf_counter()
         T, N = num_steps, self.env.num_envs
         obs_space, act_space = self.env.single_observation_space, self.env.single_action_space
@@ -78,10 +83,16 @@ class Collector:
         discounted = np.empty((T, N)) if scale_rewards else None
         for t in range(T):
             obs_buf[t] = self.obs
-            action, log_prob = self.model.act(torch.as_tensor(self.obs), generator=self.generator)
-            action = action.numpy()
+            if epsilon is None:
+                action, log_prob = self.model.act(torch.as_tensor(self.obs),
+                                                  generator=self.generator)
+                action = action.numpy()
+                logp[t] = log_prob.numpy()
+            else:
+                q = self.model.q_values(torch.as_tensor(self.obs)).numpy()
+                action = epsilon_greedy(q, epsilon, self.rng)
+                logp[t] = 0.0
             act_buf[t] = action
-            logp[t] = log_prob.numpy()
             env_action = action if self._bounds is None else np.clip(action, *self._bounds)
             self.obs, rewards[t], terminated[t], truncated[t], info = self.env.step(env_action)
             if scale_rewards:

@@ -26,7 +26,8 @@ import torch
 from gymnasium import spaces
 
 from dask_rl.algos import registry
-from dask_rl.algos.base import Batch, LearnerAlgorithm
+from dask_rl.algos.base import Batch, LearnerAlgorithm, ReplayAlgorithm
+from dask_rl.algos.dqn import Transitions
 from dask_rl.algos.optim import Adam
 from dask_rl.config.schema import PipelineConfig
 from dask_rl.data import LearnerUpdate, PolicySnapshot, Trajectory
@@ -70,13 +71,72 @@ class Learner:
             return np.clip(rewards / np.sqrt(var[0] + 1e-8), -10, 10).astype(np.float32)
         return rewards
 
-    def _algorithm(self, overrides: dict | None) -> LearnerAlgorithm:
+    def _algorithm(self, overrides: dict | None) -> LearnerAlgorithm | ReplayAlgorithm:
         algo_cfg = dataclasses.replace(self.cfg.algo, **overrides) if overrides \
             else self.cfg.algo
         algorithm = registry.build(algo_cfg)
-        if not isinstance(algorithm, LearnerAlgorithm):
+        if not isinstance(algorithm, (LearnerAlgorithm, ReplayAlgorithm)):
             raise TypeError(f"algorithm {algo_cfg.name!r} is not trained by learners")
         return algorithm
+
+    def update_transitions(self, snapshot: PolicySnapshot, transitions: Transitions, *,
+                           lr: float, batch_size: int, seed: int) -> LearnerUpdate:
+        """Gradient steps of a value-based algorithm (:class:`ReplayAlgorithm`) from
+        ``snapshot``, one per ``batch_size`` rows of ``transitions`` (drawn uniformly from the
+        replay buffer by the driver, shuffled here), against the target network the snapshot
+        carries; returns the parameter delta, as :meth:`update` does."""
+        t0 = time.perf_counter()
+        algorithm = self.algorithm
+        if not isinstance(algorithm, ReplayAlgorithm):
+            raise TypeError(f"algorithm {self.cfg.algo.name!r} does not learn from transitions")
+        lcfg = self.cfg.learner
+        model, flat, grad = self.model, self.flat, self.grad
+        if self._peer is None:
+            self._peer = make_model(*self.spaces, self.cfg.model,
+                                    normalize_obs=self.cfg.env.normalize_obs).to(self.device)
+        target_params = snapshot.target_params if snapshot.target_params is not None \
+            else snapshot.params
+        load_snapshot(self._peer, PolicySnapshot(snapshot.version, target_params,
+                                                 snapshot.moments))
+        load_snapshot(model, snapshot)
+        model.train()
+        optimizer = Adam(flat, eps=lcfg.adam_eps)
+        if snapshot.opt_state is not None:
+            optimizer.load_state_dict({k: torch.as_tensor(v).to(self.device)
+                                       if k != "t" else v for k, v in snapshot.opt_state.items()})
+        # the rows arrive grouped by the worker and trajectory they were cut from: shuffled,
+        # each gradient step's batch is a uniform sample of the buffer, not of one trajectory
+        order = torch.randperm(len(transitions),
+                               generator=torch.Generator().manual_seed(seed)).to(self.device)
+        data = {name: torch.as_tensor(getattr(transitions, name), device=self.device)[order]
+                for name in ("obs", "actions", "returns", "discounts", "next_obs")}
+        steps_stats: list[dict] = []
+        finite = True
+        for start in range(0, len(transitions) - batch_size + 1, batch_size):
+            batch = {k: v[start:start + batch_size] for k, v in data.items()}
+            loss, stats = algorithm.loss(model, self._peer, batch)
+            grad.zero_()
+            loss.backward()
+            if not (torch.isfinite(loss) and torch.isfinite(grad).all()):
+                finite = False
+                break
+            if lcfg.max_grad_norm > 0:
+                clip_grad_norm(grad, lcfg.max_grad_norm)
+            with torch.no_grad():
+                optimizer.step(flat, grad, lr)
+            steps_stats.append(stats)
+        delta = snapshot.params - flat.detach().cpu().numpy()
+        stats = {k: float(np.mean([s[k] for s in steps_stats])) for k in steps_stats[0]} \
+            if steps_stats else {}
+        stats.update({"learner/finite": finite, "learner/epochs": len(steps_stats),
+                      "learner/samples": len(transitions), "learner/lr": lr,
+                      "learner/batch": batch_size,
+                      "learner/time_s": time.perf_counter() - t0,
+                      "learner/update_norm": float(np.linalg.norm(delta))})
+        opt_state = {"m": optimizer.m.cpu().numpy().copy(), "v": optimizer.v.cpu().numpy().copy(),
+                     "t": optimizer.t}
+        return LearnerUpdate(delta=delta.astype(np.float32, copy=False),
+                             version=snapshot.version, stats=stats, opt_state=opt_state)
 
     def update(self, snapshot: PolicySnapshot, traj: Trajectory, *, lr: float,
                seed: int, exchange: Exchange | None = None,

@@ -40,6 +40,7 @@ from dask_rl.models.normalizer import empty_moments
 from dask_rl.runtime.adaptive import LOAD_TOPIC
 from dask_rl.runtime.cluster import place_slots
 from dask_rl.runtime.run import RunFailed
+from dask_rl.runtime.sampled import SampledReplay
 from dask_rl.runtime.tasks import (
     evaluate_task,
     learner_task,
@@ -59,7 +60,7 @@ LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already i
 class _Task:
     """What the driver remembers of a future it holds."""
 
-    kind: str                 # "rollout" | "learner" | "eval" | "confirm"
+    kind: str                 # "rollout" | "learner" | "eval" | "confirm" | "stats"
     slot: int = -1
     learner_id: str = ""
     first_use: bool = True    # learner: the trajectory's first learning (not a replay)
@@ -76,7 +77,12 @@ class Driver(Trainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.needs = registry.build(self.cfg.algo).needs
+        self.algorithm = registry.build(self.cfg.algo)
+        self.needs = self.algorithm.needs
+        # value-based learners sample a worker-resident replay buffer (TianJi's replay path)
+        self.sampled: SampledReplay | None = None
+        if self.algorithm.family == "replay":
+            self.sampled = SampledReplay(self.cfg, self.client, self.run_name)
         self.replay: TrajectoryReplay[Future] | None = None
         if self.needs.replay > 1:
             self.replay = TrajectoryReplay(replay=self.needs.replay,
@@ -87,7 +93,7 @@ class Driver(Trainer):
             slots=0, max_learners=self.cfg.learner.max_learners,
             max_ready=self.cfg.rollout.max_ready or self.cfg.learner.max_learners,
             synchronous=STRATEGIES[self.cfg.aggregation.strategy].synchronous,
-            replay=self.replay)
+            replay=self.replay, sampled=self.sampled is not None)
         self.evaluations = EvalSchedule(every_updates=self.cfg.stop.eval_every_updates,
                                         target=self.target)
         self.inflight: dict[Future, _Task] = {}
@@ -121,32 +127,52 @@ class Driver(Trainer):
         return {"target_every": self.needs.target_network_every}
 
     def driver_state(self) -> dict:
-        return {"learner_seq": self.learner_seq, "rollout_seq": self.rollout_seq}
+        extra = self.sampled.state() if self.sampled is not None else {}
+        return {"learner_seq": self.learner_seq, "rollout_seq": self.rollout_seq, **extra}
 
     def load_driver_state(self, d: dict) -> None:
         self.learner_seq = int(d["learner_seq"])
         self.rollout_seq = int(d["rollout_seq"])
+        if self.sampled is not None:
+            self.sampled.load_state(d)
         self.accounting.env_steps_collected = self.env_steps
 
     def write_extra(self, pending: Pending) -> tuple[int, dict]:
-        """An off-policy run's replay buffer, written by the workers holding it."""
-        if self.replay is None or not self.cfg.checkpoint.replay_buffer:
+        """An off-policy run's replay buffer, written by the workers holding it: IMPACT's
+        trajectories with their uses, or a replay buffer's trajectories with their shapes."""
+        if not self.cfg.checkpoint.replay_buffer:
             return 0, {}
-        kept = [(fut, uses) for fut, uses in self.replay.items() if fut.status == "finished"]
+        if self.replay is not None:
+            kept = [(fut, uses) for fut, uses in self.replay.items()
+                    if fut.status == "finished"]
+            key = "replay_uses"
+        elif self.sampled is not None:
+            kept = [(fut, [steps, envs]) for fut, steps, envs in self.sampled.buffer.items()
+                    if fut.status == "finished"]
+            key = "replay_shapes"
+        else:
+            return 0, {}
         if not kept:
             return 0, {}
         wait([self.client.submit(write_replay_task, pending.url, i, fut, pure=False)
               for i, (fut, _) in enumerate(kept)])
-        return len(kept), {"replay_uses": [uses for _, uses in kept]}
+        return len(kept), {key: [extra for _, extra in kept]}
 
     def restore_extra(self, name: str, meta: dict) -> None:
         """Reload a checkpoint's replay buffer onto the workers (never through the driver)."""
-        if self.replay is None:
-            return
         url = self.store.url(name)
-        uses = meta.get("replay_uses", [])[:meta.get("replay", 0)]
-        self.replay.restore([(self.client.submit(read_replay_task, url, i, pure=False), n)
-                             for i, n in enumerate(uses)])
+        count = meta.get("replay", 0)
+
+        def read(i: int) -> Future:
+            return self.client.submit(read_replay_task, url, i, pure=False)
+
+        if self.replay is not None:
+            uses = meta.get("replay_uses", [])[:count]
+            self.replay.restore([(read(i), n) for i, n in enumerate(uses)])
+        elif self.sampled is not None:
+            shapes = meta.get("replay_shapes", [])[:count]
+            self.sampled.buffer.restore([(read(i), s, e) for i, (s, e) in enumerate(shapes)])
+            self.policy.sample_ready = self.sampled.ready
 
     def on_actor_lost(self, reason: str) -> None:
         """Re-create the parameter actor from the latest checkpoint and carry on.
@@ -163,6 +189,9 @@ class Driver(Trainer):
         gone = self.policy.discard_all()
         self._discarded(gone)
         self.replay_lost += gone.replay
+        if self.sampled is not None:
+            self.replay_lost += self.sampled.lost()
+            self.policy.sample_ready = False
         if lost:
             self.client.cancel(lost)
         self.replace_actor(reason)
@@ -258,7 +287,12 @@ class Driver(Trainer):
             self.policy.rollout_done(task.slot, fut)
             if task.slot in self.round_learners:
                 self.trajectory_learner[fut] = self.round_learners.pop(task.slot)
-        elif task.kind in ("learner", "eval", "confirm"):
+            if self.sampled is not None:
+                self.inflight[self.sampled.stored(fut)] = _Task("stats")
+                self.policy.sample_ready = self.sampled.ready
+                self.policy.rollouts_held = self.sampled.behind(
+                    self.accounting.env_steps_collected)
+        elif task.kind in ("learner", "eval", "confirm", "stats"):
             try:
                 # finished, but its result may be gone with a worker since: Dask recomputes
                 # it, and the recomputation can fail (its actor may be gone too)
@@ -268,6 +302,8 @@ class Driver(Trainer):
                 return
             if task.kind == "learner":
                 self._on_learner(result, task)
+            elif task.kind == "stats":
+                self._on_rollout_counted(result)
             elif task.kind == "eval":
                 self.record_eval(result)
             elif not self.record_confirmation(result) and self.stop_reason is None:
@@ -295,6 +331,7 @@ class Driver(Trainer):
             self.policy.learner_failed(task.first_use)
             self.actor_call("learner_lost", task.learner_id, on_loss="skip")
             self.accounting.dropped(trajectories=int(task.first_use))
+        # a failed "stats" task: its trajectory's steps go uncounted (the buffer keeps it)
 
     def _discarded(self, gone: Discarded) -> None:
         self.accounting.dropped(trajectories=gone.trajectories, rollouts=gone.rollouts)
@@ -327,18 +364,32 @@ class Driver(Trainer):
         self.rollout_seq += 1
         where = self.slot_workers.get(slot)
         placement = {"workers": [where], "allow_other_workers": True} if where else {}
-        fut = self.client.submit(rollout_task, self.run_name, slot, self.actor, pure=False,
+        # value-based algorithms act epsilon-greedily on their action values
+        eps = (self.algorithm.epsilon(self.accounting.env_steps_collected)
+               if self.sampled is not None else None)
+        fut = self.client.submit(rollout_task, self.run_name, slot, self.actor, eps, pure=False,
                                  key=f"rollout-{slot}-{self.rollout_seq}-{self.run_name}",
                                  **placement)
         self.inflight[fut] = _Task("rollout", slot=slot)
 
-    def _submit_learner(self, trajectory: Future, first_use: bool, concurrent: int) -> None:
+    def _submit_learner(self, trajectory: Future | None, first_use: bool,
+                        concurrent: int) -> None:
         cfg = self.cfg.learner
         lid = self.trajectory_learner.pop(trajectory, None) if first_use else None
         if lid is None:
             self.learner_seq += 1
             lid = f"L{self.learner_seq}"
         kwargs = {"resources": {"GPU": cfg.gpus}} if cfg.gpus > 0 else {}
+        if trajectory is None:  # a sampled learner (value-based, on the replay buffer)
+            assert self.sampled is not None
+            fut, record = self.sampled.submit_learner(
+                self.actor, lid, self._learning_rate(), learner_seed(self.cfg.seed, int(lid[1:])),
+                int(lid[1:]), **kwargs)
+            self.metrics.write("replay", {"env_steps": self.env_steps, "learner": lid,
+                                          **record})
+            self.inflight[fut] = _Task("learner", learner_id=lid, first_use=False,
+                                       concurrent=concurrent)
+            return
         overrides = {k.split(".", 1)[1]: v for k, v in self.hparams.items()
                      if k.startswith("algo.")}
         fut = self.client.submit(learner_task, self.run_name, trajectory, self.actor, lid,
@@ -438,10 +489,31 @@ class Driver(Trainer):
             "charts/episodic_length": float(np.mean(lengths)) if lengths else None,
             "charts/return_recent": self.recent_return(), "episodes": self.episodes,
             "charts/learning_rate": self._learning_rate(), **report.record(),
-            "replay": not first_use, "learners/in_flight": task.concurrent})
+            "replay": not first_use, "learners/in_flight": task.concurrent,
+            "learner": task.learner_id})
+        if self.sampled is not None:
+            self.sampled.learner_done(int(report.stats.get("learner/epochs", 0))
+                                      * int(report.stats.get("learner/batch", 0)))
+            self.policy.rollouts_held = self.sampled.behind(self.accounting.env_steps_collected)
         if self.policy.learner_done(first_use):
             self._end_round()
         self.report_progress(steps_per_s=steps_per_s)
+
+    def _on_rollout_counted(self, stats) -> None:
+        """A sampled run's rollout counted where it lies: its env steps and episodes."""
+        self.env_steps += stats.env_steps
+        self.returns.extend(stats.episode_returns)
+        self.episodes += len(stats.episode_returns)
+        self.metrics.write("rollout", {
+            "env_steps": self.env_steps, "wall_s": self.elapsed(),
+            "charts/episodic_return": float(np.mean(stats.episode_returns))
+            if stats.episode_returns else None,
+            "charts/episodic_length": float(np.mean(stats.episode_lengths))
+            if stats.episode_lengths else None,
+            "charts/return_recent": self.recent_return(), "episodes": self.episodes,
+            "rollout/policy_version": stats.policy_version,
+            "rollout/collect_s": stats.collect_s})
+        self.report_progress()
 
     def _end_round(self) -> None:
         """A round: one trajectory per rollout slot learned. The strategy may adapt to it."""
@@ -500,7 +572,7 @@ class Driver(Trainer):
     def _finish(self) -> LearnerSummary:
         # A learner in flight may already have pushed: let it end so that its env steps and
         # update are counted (the summary agrees with the actor's state); rollouts are cancelled.
-        learners = [f for f, t in self.inflight.items() if t.kind == "learner"]
+        learners = [f for f, t in self.inflight.items() if t.kind in ("learner", "stats")]
         if learners:
             try:
                 wait(learners, timeout=LEARNER_DRAIN_S)

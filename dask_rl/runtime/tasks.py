@@ -11,7 +11,7 @@ worker-to-worker.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,12 +22,17 @@ from dask_rl.data import (
     PerturbationResult,
     PushAck,
     Trajectory,
+    TrajectoryStats,
 )
 from dask_rl.runtime.plugins import run_state
 
+if TYPE_CHECKING:
+    from dask_rl.algos.dqn import Transitions
 
-def rollout_task(run: str, slot: int, actor: Any) -> Trajectory:
-    """Collect ``rollout.steps`` steps on slot ``slot``'s environments with the newest policy."""
+
+def rollout_task(run: str, slot: int, actor: Any, epsilon: float | None = None) -> Trajectory:
+    """Collect ``rollout.steps`` steps on slot ``slot``'s environments with the newest policy
+    (epsilon-greedy on its action values with ``epsilon``: value-based algorithms)."""
     state = run_state(run)
     collector = state.collector(slot)
     # A re-created actor restarts from an older version: a cached version only counts if it
@@ -36,7 +41,63 @@ def rollout_task(run: str, slot: int, actor: Any) -> Trajectory:
     snapshot = actor.call("pull", newer_than=held)
     if snapshot is not None:
         collector.load(snapshot, source=actor.key)
-    return collector.collect(state.cfg.rollout.steps)
+    return collector.collect(state.cfg.rollout.steps, epsilon=epsilon)
+
+
+def trajectory_stats_task(traj: Trajectory) -> TrajectoryStats:
+    """A replayed run's counts of a finished rollout, computed where it lies: the driver
+    counts env steps and episodes without the data coming to it."""
+    return TrajectoryStats(env_steps=traj.env_steps, steps=traj.num_steps, envs=traj.num_envs,
+                           episode_returns=traj.episode_returns.tolist(),
+                           episode_lengths=traj.episode_lengths.tolist(),
+                           policy_version=traj.policy_version, nbytes=traj.nbytes,
+                           collect_s=traj.collect_s)
+
+
+def sample_task(run: str, trajectories: list[Trajectory],
+                rows: list[tuple[np.ndarray, np.ndarray]]) -> Transitions:
+    """The n-step transitions at rows ``(t, i)`` of each trajectory, cut on the worker that
+    holds them (TianJi's replay: only the sampled rows move to the learner). Atari rewards
+    are sign-clipped, as the learners of every algorithm see them."""
+    from dask_rl.algos.dqn import Transitions as T
+    from dask_rl.algos.dqn import sample_transitions
+    from dask_rl.envs import is_atari
+
+    cfg = run_state(run).cfg
+    clip = is_atari(cfg.env.id) and cfg.env.clip_rewards
+    return T.concat([
+        sample_transitions(traj, t, i, gamma=cfg.algo.gamma, n=cfg.algo.n_step,
+                           rewards=np.sign(traj.rewards) if clip else None)
+        for traj, (t, i) in zip(trajectories, rows)])
+
+
+def replay_learner_task(run: str, samples: list[Transitions], actor: Any, learner_id: str,
+                        lr: float, batch_size: int, seed: int,
+                        seq: int | None = None) -> LearnerReport:
+    """Pull the current version and target network, take a gradient step per ``batch_size``
+    sampled transitions, push the delta (exactly once, by ``seq``); return a report."""
+    from dask_rl.algos.dqn import Transitions as T
+
+    t0 = time.perf_counter()
+    state = run_state(run)
+    learner = state.learner()
+    snapshot = _admitted_pull(actor, learner_id, state.cfg.checkpoint.actor_timeout_s)
+    t_pulled = time.perf_counter()
+    batch = T.concat(samples)
+    update = learner.update_transitions(snapshot, batch, lr=lr, batch_size=batch_size,
+                                        seed=seed)
+    t_learned = time.perf_counter()
+    ack = actor.call("push", update.delta, update.version, learner_id,
+                     opt_state=update.opt_state, finite_loss=update.finite, seq=seq,
+                     epoch=actor.epoch, run=run)
+    t_pushed = time.perf_counter()
+    nbytes = sum(a.nbytes for a in (batch.obs, batch.actions, batch.returns, batch.discounts,
+                                    batch.next_obs))
+    return LearnerReport(
+        ack=ack, version_pulled=snapshot.version, policy_lag=0, episode_returns=[],
+        episode_lengths=[], trajectory_steps=0, trajectory_bytes=nbytes, collect_s=0.0,
+        pull_s=t_pulled - t0, push_s=t_pushed - t_learned, task_s=t_pushed - t0,
+        cross_policies=0, worker=state.worker.address, stats=update.stats)
 
 
 def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: float,

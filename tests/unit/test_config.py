@@ -69,7 +69,7 @@ def test_yaml_exponent_strings_are_numbers():
     ({"env": {"id": "NoSuchEnv-v9"}}, "env.id: unknown Gymnasium environment id, "
                                       "got 'NoSuchEnv-v9'"),
     ({"env": "CartPole-v1"}, "env: expected a mapping, got 'CartPole-v1'"),
-    ({"algo": {"name": "dqn"}}, "algo.name: must be one of ppo, impact, es, got 'dqn'"),
+    ({"algo": {"name": "sac"}}, "algo.name: must be one of ppo, impact, es, dqn, got 'sac'"),
     ({"algo": {"name": "ppo", "rho_bar": 1.0}}, "algo.rho_bar: unknown key"),
     ({"aggregation": {"strategy": "fedavg"}}, "aggregation.strategy: must be one of"),
     ({"algo": {"gamma": 1.5}}, "algo.gamma: must be <= 1, got 1.5"),

@@ -200,3 +200,27 @@ def test_a_replayed_learner_lost_costs_no_trajectory():
     p.decide()                                 # "a" fresh and "a" replayed
     p.learner_failed(False)
     assert p.discard_all().trajectories == 1   # only the first use counts
+
+
+def test_sampled_learners_run_while_the_buffer_is_ready_and_rollouts_never_wait():
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=1, sampled=True)
+    assert p.decide().rollouts == [0, 1]
+    p.rollout_done(0, "a")
+    p.rollout_done(1, "b")
+    d = p.decide()
+    assert d.learners == [] and list(p.ready) == []      # the caller keeps them
+    assert sorted(d.rollouts) == [0, 1]                  # no backpressure: nothing is ready
+    p.sample_ready = True
+    d = p.decide()
+    assert [(x.trajectory, x.first_use, x.concurrent) for x in d.learners] == \
+        [(None, False, 1), (None, False, 2)]
+    assert p.decide().learners == []                     # two at most
+    p.learner_done(False)
+    assert len(p.decide().learners) == 1                 # one ended, one more starts
+    p.stop(drain=True)
+    assert p.decide().learners == [] and not p.finished  # none once stopping; two still run
+    p.learner_done(False)
+    p.learner_done(False)
+    p.rollout_done(0, "c")
+    p.rollout_done(1, "d")
+    assert p.finished

@@ -1,0 +1,67 @@
+"""DQN on TianJi's replay path, 2 worker processes: the mechanism first, then learning.
+
+The replay buffer stays on the workers (only sampled rows move), the sample-staleness
+controller drives P = B_s / N_s under its tolerance and the learning rate follows
+alpha / (1 + lambda P), and double DQN solves CartPole through the CLI.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import dask_rl
+from dask_rl.data.metrics import read_metrics
+
+pytestmark = [pytest.mark.timeout(600)]
+
+
+def _records(run_dir, kind):
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
+
+
+def test_a_buffer_too_small_for_the_batch_is_grown_then_the_batch_shrinks(local_client,
+                                                                           pipelines, tmp_path):
+    # trajectories of 50 x 4 = 200 transitions; B_s = 128 over N_s = 400: P = 0.32 > 0.2 ->
+    # the buffer grows to its cap (600), where P = 0.213 is still above: the batch shrinks
+    # to floor(0.2 x 600) = 120
+    run = tmp_path / "small"
+    result = dask_rl.train(pipelines / "dqn_cartpole.yaml", client=local_client, run_dir=run,
+                           overrides=["rollout.steps=50", "algo.buffer_size=400",
+                                      "algo.max_buffer_size=600", "algo.learning_starts=400",
+                                      "algo.staleness_lambda=2",
+                                      "algo.updates_per_task=4", "stop.env_steps=12000",
+                                      "stop.solve_on_target=false"])
+    assert result.summary["stop_reason"] == "env_steps"
+    replay = _records(run, "replay")
+    assert replay, "no sampled learner ran"
+    actions = [r["action"] for r in replay if r["action"]]
+    assert actions[:2] == ["grow_buffer", "shrink_batch"], actions
+    assert replay[0]["held"] == 400 and replay[0]["staleness_ratio"] == pytest.approx(0.32)
+    full = [r for r in replay if r["held"] >= 600]
+    # once the buffer is full at its cap, P stays at or under the tolerance
+    assert full and all(r["staleness_ratio"] <= 0.2 + 1e-9 for r in full)
+    assert replay[-1]["batch"] == 120 and replay[-1]["capacity"] == 600
+    for r in replay:  # TianJi's rate, per learner: alpha / (1 + lambda P)
+        assert r["lr"] == pytest.approx(r["lr_base"] / (1 + 2 * r["staleness_ratio"]))
+    # each learner took its gradient steps at the batch and rate its replay record set
+    set_by = {r["learner"]: r for r in replay}
+    learners = _records(run, "learner")
+    assert learners
+    for r in learners:
+        assert r["learner/batch"] == set_by[r["learner"]]["batch"]
+        assert r["learner/lr"] == pytest.approx(set_by[r["learner"]]["lr"])
+
+
+@pytest.mark.slow
+def test_dqn_solves_cartpole_through_the_cli(pipelines, tmp_path):
+    run = tmp_path / "dqn"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dask_rl.cli", "train", str(pipelines / "dqn_cartpole.yaml"),
+         "--run-dir", str(run), "--set", "cluster.dashboard=false", "--no-progress"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["algorithm"] == "dqn" and s["solved"], s
+    assert s["confirmation"]["episodes"] == 100 and s["confirmation"]["mean_return"] >= 475
