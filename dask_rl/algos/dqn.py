@@ -19,7 +19,9 @@ of ``Q(S_t, A_t; theta) - G_t`` (DQN's clipping of the error to [-1, 1]: Mnih et
 Exploration is epsilon-greedy with epsilon decayed linearly (Mnih et al. 2015: 1 to 0.1 over
 the first million frames; the end point and length are configurable).
 
-Deviations: none in the math. Learners are asynchronous tasks (TianJi's relaxed
+Deviations: the n-step sum is also cut where a rollout's trajectory ends (``m < n`` for its
+last ``n - 1`` steps, bootstrapping with ``gamma^m`` from the last observation: still a
+valid n-step target, not Rainbow's fixed ``n``). Learners are asynchronous tasks (TianJi's relaxed
 dependencies): each pulls the parameters and the target network, takes ``updates_per_task``
 Adam steps on batches of ``batch_size`` sampled transitions and pushes the change, as PPO's
 learners do; the target network is refreshed by the parameter actor every ``target_every``
@@ -48,13 +50,16 @@ class DQNConfig(AlgoConfig):
     name: Literal["dqn"] = option("dqn", "algorithm")
     gamma: float = option(0.99, "discount", ge=0, le=1)
     n_step: int = option(3, "steps of the multi-step return", ge=1)
-    target_every: int = option(100, "parameter updates between target-network refreshes", ge=1)
+    target_every: int = option(100, "parameter-actor versions between target-network "
+                                    "refreshes (a version is one learner task's "
+                                    "updates_per_task gradient steps)", ge=1)
     batch_size: int = option(128, "B_s: transitions per gradient step (the controller may "
                                   "shrink it)", ge=1)
     min_batch_size: int = option(32, "the smallest batch the controller shrinks to", ge=1)
     updates_per_task: int = option(32, "gradient steps per learner task", ge=1)
-    replay_ratio: float = option(8.0, "transitions learned per env step collected: rollouts "
-                                      "wait while the learners are further behind", gt=0)
+    replay_ratio: float = option(8.0, "a floor on transitions learned per env step collected: "
+                                      "rollouts wait while the learners are further behind",
+                                 gt=0)
     buffer_size: int = option(50_000, "N_s: transitions the replay buffer keeps (the "
                                       "controller may grow it)", ge=1)
     max_buffer_size: int = option(200_000, "the largest buffer the controller grows to", ge=1)

@@ -144,6 +144,7 @@ def from_dict(data: Mapping[str, Any], *, check_env: bool = True) -> PipelineCon
     check_size(data)
     _check_population(data)
     cfg = _build(PipelineConfig, {"algo": {}, "aggregation": {}, **data}, "")
+    _check_replay(cfg)
     if check_env:
         from dask_rl.envs import check_env_id
 
@@ -151,6 +152,28 @@ def from_dict(data: Mapping[str, Any], *, check_env: bool = True) -> PipelineCon
         if problem:
             raise ConfigError(f"env.id: {problem}, got {cfg.env.id!r}")
     return cfg
+
+
+def _check_replay(cfg: PipelineConfig) -> None:
+    """What a replay-buffer (value-based) algorithm cannot do yet, said before anything runs."""
+    from dask_rl.algos import registry
+
+    if registry.get(cfg.algo.name).family != "replay":
+        return
+    for key in ("normalize_obs", "normalize_reward"):
+        if getattr(cfg.env, key):
+            raise ConfigError(f"env.{key}: not supported with algo.name {cfg.algo.name!r} "
+                              f"(its learners sample transitions and see no running statistics)")
+    algo: Any = cfg.algo
+    if algo.learning_starts > algo.buffer_size:
+        raise ConfigError(f"algo.learning_starts: must be <= algo.buffer_size "
+                          f"({algo.buffer_size}), got {algo.learning_starts}")
+    if algo.min_batch_size > algo.batch_size:
+        raise ConfigError(f"algo.min_batch_size: must be <= algo.batch_size ({algo.batch_size}), "
+                          f"got {algo.min_batch_size}")
+    if algo.max_buffer_size < algo.buffer_size:
+        raise ConfigError(f"algo.max_buffer_size: must be >= algo.buffer_size "
+                          f"({algo.buffer_size}), got {algo.max_buffer_size}")
 
 
 def _check_population(data: Mapping[str, Any]) -> None:

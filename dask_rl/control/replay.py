@@ -146,11 +146,18 @@ class SampleStaleness:
     kept at or under ``tolerance``, and the learning rate follows ``alpha / (1 + lambda P)``.
 
     Above the tolerance the controller first **grows** ``N_s`` (the buffer's capacity, up to
-    ``max_capacity``) and only at that cap **shrinks** ``B_s`` (down to ``min_batch``). Growing
-    keeps the gradient's batch, hence its variance and the learner's efficiency per step, and
-    costs worker memory, which the cap bounds; a smaller batch is noisier per step. While the
-    buffer is still filling towards a capacity large enough, ``P`` falls by itself and nothing
-    changes.
+    ``max_capacity``) and only once the buffer is full at that cap **shrinks** ``B_s`` (down
+    to ``min_batch``). Growing keeps the gradient's batch, hence its variance and the
+    learner's efficiency per step, and costs worker memory, which the cap bounds; a smaller
+    batch is noisier per step. While the buffer is still filling towards a capacity large
+    enough, ``P`` falls by itself and nothing changes.
+
+    The buffer holds whole trajectories of ``chunk`` transitions, so a grown capacity is
+    rounded up to a whole number of them, and the buffer is *full* when one more trajectory
+    would not fit (it never holds more than ``capacity``, usually a little less).
+
+    Deviation from the notes: ``B_s`` is never *enlarged* when ``P`` is small (TianJi's tuning
+    guide enlarges the batch below 0.1); :meth:`rule` names that advice for the records.
     """
 
     batch: int               # B_s
@@ -158,6 +165,7 @@ class SampleStaleness:
     tolerance: float
     max_capacity: int
     min_batch: int
+    chunk: int = 1           # transitions per trajectory
     lam: float = 1.0
 
     def ratio(self, held: int) -> float:
@@ -168,15 +176,27 @@ class SampleStaleness:
         """``alpha / (1 + lambda P)``."""
         return alpha / (1.0 + self.lam * self.ratio(held))
 
+    def full(self, held: int) -> bool:
+        """No further trajectory fits without evicting one."""
+        return held + self.chunk > self.capacity
+
     def control(self, held: int) -> str | None:
         """Act on ``P``: ``"grow_buffer"``, ``"shrink_batch"`` or None."""
         if self.ratio(held) <= self.tolerance:
             return None
         need = math.ceil(self.batch / self.tolerance)
+        need = math.ceil(need / self.chunk) * self.chunk   # whole trajectories
         if self.capacity < need and self.capacity < self.max_capacity:
             self.capacity = min(self.max_capacity, need)
             return "grow_buffer"
-        if held >= self.capacity and self.batch > self.min_batch:
+        if self.full(held) and self.batch > self.min_batch:
             self.batch = max(self.min_batch, math.floor(self.tolerance * held))
             return "shrink_batch"
         return None
+
+    def rule(self, held: int) -> str | None:
+        """TianJi's tuning advice for the current ``P`` (:func:`~dask_rl.control.allocation.
+        operating_rule`): "more_learners" above 0.3, "larger_batch" below 0.1."""
+        from dask_rl.control.allocation import operating_rule
+
+        return operating_rule(self.ratio(held))

@@ -46,7 +46,7 @@ class SampledReplay:
         self.control = SampleStaleness(
             batch=algo.batch_size, capacity=algo.buffer_size,
             tolerance=algo.staleness_tolerance, max_capacity=algo.max_buffer_size,
-            min_batch=algo.min_batch_size, lam=algo.staleness_lambda)
+            min_batch=algo.min_batch_size, chunk=cfg.batch_size, lam=algo.staleness_lambda)
         self.rng = np.random.default_rng([cfg.seed, 7])
         self.learned = 0   # transitions learned from (gradient steps x batch), for the ratio
 
@@ -98,17 +98,20 @@ class SampledReplay:
                                  key=f"learner-{learner_id}-{self.run_name}", **placement)
         record = {"staleness_ratio": ratio, "batch": batch, "capacity": self.control.capacity,
                   "held": held, "action": action, "lr_base": lr, "lr": rate,
+                  "tianji_rule": self.control.rule(held),
                   "trajectories_sampled": len(plan)}
         return fut, record
 
     # ---- checkpoints and recovery ----------------------------------------------------------
     def state(self) -> dict:
-        return {"replay_batch": self.control.batch, "replay_capacity": self.control.capacity}
+        return {"replay_batch": self.control.batch, "replay_capacity": self.control.capacity,
+                "replay_learned": self.learned}
 
     def load_state(self, d: dict) -> None:
         self.control.batch = int(d.get("replay_batch", self.control.batch))
         self.control.capacity = int(d.get("replay_capacity", self.control.capacity))
         self.buffer.capacity = self.control.capacity
+        self.learned = int(d.get("replay_learned", 0))
 
     def lost(self) -> int:
         """A recovery throws the buffer away; returns how many trajectories it held."""

@@ -43,8 +43,10 @@ def test_a_buffer_too_small_for_the_batch_is_grown_then_the_batch_shrinks(local_
     # once the buffer is full at its cap, P stays at or under the tolerance
     assert full and all(r["staleness_ratio"] <= 0.2 + 1e-9 for r in full)
     assert replay[-1]["batch"] == 120 and replay[-1]["capacity"] == 600
-    for r in replay:  # TianJi's rate, per learner: alpha / (1 + lambda P)
-        assert r["lr"] == pytest.approx(r["lr_base"] / (1 + 2 * r["staleness_ratio"]))
+    for r in replay:  # P = B_s / N_s of what was held, and TianJi's alpha / (1 + lambda P)
+        p = r["batch"] / r["held"]
+        assert r["staleness_ratio"] == pytest.approx(p)
+        assert r["lr"] == pytest.approx(r["lr_base"] / (1 + 2 * p))
     # each learner took its gradient steps at the batch and rate its replay record set
     set_by = {r["learner"]: r for r in replay}
     learners = _records(run, "learner")

@@ -104,6 +104,7 @@ def _scripted_trajectory(rng, T=10, N=3):
     obs = (np.arange(T)[:, None] * 10 + np.arange(N)[None, :]).astype(np.float32)[..., None]
     terminated = rng.random((T, N)) < 0.15
     truncated = (rng.random((T, N)) < 0.15) & ~terminated
+    terminated[T - 1, 0], truncated[T - 1, 0] = False, True   # a time limit at the last step
     trunc_index = np.argwhere(truncated).astype(np.int32)
     return Trajectory(
         obs=obs, actions=rng.integers(0, 2, (T, N)),
@@ -119,8 +120,8 @@ def test_sampled_transitions_carry_the_right_return_discount_and_bootstrap_obser
     rng = np.random.default_rng(7 + n)
     traj = _scripted_trajectory(rng)
     T, N, gamma = 10, 3, 0.9
-    t = rng.integers(0, T, 40)
-    i = rng.integers(0, N, 40)
+    t = np.append(rng.integers(0, T, 39), T - 1)   # and the truncated last step, sampled
+    i = np.append(rng.integers(0, N, 39), 0)
     got = dqn.sample_transitions(traj, t, i, gamma=gamma, n=n)
     truncs = {(int(a), int(b)): k for k, (a, b) in enumerate(traj.trunc_index)}
     for row in range(40):
@@ -146,3 +147,83 @@ def test_sampled_transitions_carry_the_right_return_discount_and_bootstrap_obser
             np.testing.assert_array_equal(got.next_obs[row], nxt)
         np.testing.assert_array_equal(got.obs[row], traj.obs[start, env])
         assert got.actions[row] == traj.actions[start, env]
+
+
+def _q_model(weight, bias):
+    """A 2-input, 3-action actor-critic whose action values are ``weight @ obs + bias``."""
+    from gymnasium import spaces
+
+    from dask_rl.config.schema import ModelConfig
+    from dask_rl.models import make_model
+
+    model = make_model(spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(3),
+                       ModelConfig(hidden=(2,), activation="relu"))
+    with torch.no_grad():  # the torso passes obs through (identity on positive inputs)
+        body = model.pi_body[0]
+        body.weight.copy_(torch.eye(2))
+        body.bias.zero_()
+        model.pi_head.weight.copy_(torch.as_tensor(weight, dtype=torch.float32))
+        model.pi_head.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
+    return model
+
+
+def test_the_trained_loss_is_double_q_per_sample():
+    """``DQN.loss`` against van Hasselt et al.'s Eq. 4 written out per sample, with online
+    and target networks that disagree on the best next action."""
+    from dask_rl.algos.dqn import DQN, DQNConfig
+
+    rng = np.random.default_rng(3)
+    online = _q_model(rng.normal(size=(3, 2)), rng.normal(size=3))
+    target = _q_model(rng.normal(size=(3, 2)), rng.normal(size=3))
+    B = 64
+    batch = {"obs": torch.as_tensor(rng.uniform(0.1, 1, (B, 2)), dtype=torch.float32),
+             "actions": torch.as_tensor(rng.integers(0, 3, B)),
+             "returns": torch.as_tensor(rng.normal(size=B), dtype=torch.float32),
+             "discounts": torch.as_tensor(rng.choice([0.0, 0.9, 0.81], B), dtype=torch.float32),
+             "next_obs": torch.as_tensor(rng.uniform(0.1, 1, (B, 2)), dtype=torch.float32)}
+    loss, _ = DQN(DQNConfig()).loss(online, target, batch)
+
+    def q(model, x):
+        w = model.pi_head.weight.detach().numpy()
+        b = model.pi_head.bias.detach().numpy()
+        return [float(w[a] @ np.maximum(x, 0) + b[a]) for a in range(3)]
+
+    want, disagree = 0.0, 0
+    for j in range(B):
+        x1 = batch["next_obs"][j].numpy()
+        q_online_next, q_target_next = q(online, x1), q(target, x1)
+        a_star = max(range(3), key=lambda a: q_online_next[a])      # the online net chooses
+        disagree += a_star != max(range(3), key=lambda a: q_target_next[a])
+        y = float(batch["returns"][j]) + float(batch["discounts"][j]) * q_target_next[a_star]
+        e = q(online, batch["obs"][j].numpy())[int(batch["actions"][j])] - y
+        want += 0.5 * e * e if abs(e) <= 1 else abs(e) - 0.5
+    assert disagree > 5   # the case where double and plain DQN differ is exercised
+    assert loss.item() == pytest.approx(want / B, rel=1e-5)
+
+
+def test_a_learner_takes_one_step_per_batch_at_the_rate_it_was_given():
+    from gymnasium import spaces
+
+    from dask_rl.algos.dqn import Transitions
+    from dask_rl.config import from_dict
+    from dask_rl.data import PolicySnapshot
+    from dask_rl.models import get_flat, make_model
+    from dask_rl.roles.learner import Learner
+
+    cfg = from_dict({"algo": {"name": "dqn"}, "env": {"id": "CartPole-v1"},
+                     "learner": {"max_grad_norm": 0}}, check_env=False)
+    obs_space, act_space = spaces.Box(-5, 5, (4,), np.float32), spaces.Discrete(2)
+    params = get_flat(make_model(obs_space, act_space, cfg.model, seed=0))
+    rng = np.random.default_rng(0)
+    rows = 5 * 32 + 7                      # 5 whole batches of 32; the 7 left over are unused
+    t = Transitions(obs=rng.normal(size=(rows, 4)).astype(np.float32),
+                    actions=rng.integers(0, 2, rows), returns=np.ones(rows, np.float32),
+                    discounts=np.full(rows, 0.9, np.float32),
+                    next_obs=rng.normal(size=(rows, 4)).astype(np.float32))
+    learner = Learner(cfg, obs_space, act_space, device="cpu")
+    update = learner.update_transitions(PolicySnapshot(0, params), t, lr=1e-3, batch_size=32,
+                                        seed=1)
+    assert update.stats["learner/epochs"] == 5 and update.finite
+    # Adam's steps move each coordinate by at most about lr per step
+    assert 0 < np.abs(update.delta).max() <= 5 * 1e-3 * 1.01
+    assert update.opt_state["t"] == 5

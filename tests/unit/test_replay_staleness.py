@@ -57,3 +57,36 @@ def test_at_the_memory_cap_the_batch_shrinks():
                             min_batch=16, lam=0.0)
     assert tight.control(50) == "shrink_batch" and tight.batch == 16  # not below the floor
     assert tight.control(50) is None                                   # nothing left to do
+
+
+def test_whole_trajectories_a_capacity_that_is_not_a_multiple_still_ends_under_tolerance():
+    # 200-transition trajectories, B = 128: P <= 0.2 needs 640 held; the cap of 700 holds only
+    # three trajectories (600): full there, so the batch shrinks to floor(0.2 x 600) = 120
+    c = SampleStaleness(batch=128, capacity=400, tolerance=0.2, max_capacity=700,
+                        min_batch=16, chunk=200)
+    assert c.control(400) == "grow_buffer" and c.capacity == 700
+    assert c.full(600) and c.control(600) == "shrink_batch" and c.batch == 120
+    roomy = SampleStaleness(batch=128, capacity=400, tolerance=0.2, max_capacity=10_000,
+                            min_batch=16, chunk=200)
+    assert roomy.control(400) == "grow_buffer" and roomy.capacity == 800  # 640 -> 4 chunks
+    assert roomy.control(800) is None and roomy.ratio(800) == 0.16
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_filling_a_real_buffer_drives_p_under_the_tolerance(seed):
+    """A buffer fed trajectory after trajectory, the controller asked before each learner, as
+    the driver does: at the end P <= tolerance, or the batch is at its floor."""
+    rng = np.random.default_rng(seed)
+    chunk = int(rng.integers(50, 600))
+    tol = float(rng.uniform(0.05, 0.5))
+    start = int(rng.integers(chunk, 4 * chunk))
+    c = SampleStaleness(batch=int(rng.integers(64, 4096)), capacity=start, tolerance=tol,
+                        max_capacity=int(rng.integers(start, 40 * chunk)), min_batch=8,
+                        chunk=chunk)
+    b = TransitionReplay(capacity=start)
+    for k in range(200):
+        b.add(k, steps=chunk, envs=1)
+        c.control(b.size)
+        b.capacity = c.capacity
+        assert b.size <= max(b.capacity, chunk)
+    assert c.ratio(b.size) <= tol + 1e-12 or c.batch == c.min_batch, (c, b.size)
