@@ -20,6 +20,12 @@ so a mean-staleness bound ``S`` admits ``n_L <= S + 1``. Solved with
 floor/ceiling neighbours that fits (the LP has two slot variables, so that search is four
 points).
 
+Deviation: the notes bound the *sample* staleness (``N_c / N_s <= P``); this LP bounds the
+*version* staleness of concurrent learners instead (``n_L <= S + 1``), the bound that applies
+to the asynchronous gradient learners whose allocation it balances. For replay learners the
+notes' bound maps to ``n_L B_s / N_s <= P_tol``, i.e. ``L_max = floor(P_tol N_s / B_s)``,
+passed the same way. Not yet wired into the adaptive scaling policy.
+
 The notes' operating rules, on the measured sample-staleness ratio ``P`` (TianJi Sec. 5.2):
 ``P > 0.3``: learners are the bottleneck, add learners; ``P < 0.1``: learners idle on small
 batches, enlarge the batch. :func:`operating_rule` states which applies.
