@@ -98,6 +98,10 @@ class RolloutConfig:
                                      "thread)", ge=1)
     max_ready: int | None = option(None, "completed trajectories waiting for a learner before "
                                          "rollouts pause (None: learner.max_learners)", ge=1)
+    pull_every: int = option(1, "TianJi's event-triggered pull: a rollout slot asks for the "
+                                "policy only every this many rollouts", ge=1)
+    pull_min_versions: int = option(1, "... and takes it only when the parameter actor's "
+                                       "version moved by at least this much", ge=1)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,7 @@ class Collector:
         self.rng = np.random.default_rng(seed)   # epsilon-greedy's draws
         self.version = -1
         self.source: str | None = None  # which parameter actor the version came from
+        self.rollouts_since_pull = 0    # the event-triggered pull's counter (rollout_task)
         self.discounted = np.zeros(self.env.num_envs)  # running returns, for reward scaling
         space = self.env.single_action_space
         self._bounds = (space.low, space.high) if isinstance(space, spaces.Box) else None

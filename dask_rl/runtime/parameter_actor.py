@@ -106,6 +106,8 @@ class ParameterActor:
         self.rejected = 0
         self.apply_s = 0.0
         self.weight_sum = 0.0  # of the applied gradients' weights: the effective step's measure
+        self.pulls_sent = 0     # pulls answered with parameters
+        self.pulls_unchanged = 0  # pulls answered with nothing (not moved, or not enough)
         self.pushes = 0
         self.started = time.time()
         self._remember(self.current)
@@ -113,8 +115,10 @@ class ParameterActor:
     # ---- calls from tasks --------------------------------------------------------------------
     @_locked
     def pull(self, newer_than: int = -1, learner_id: str | None = None,
-             learner_state: bool = False) -> PolicySnapshot | None:
-        """The current snapshot, or ``None`` if the caller already holds ``newer_than``.
+             learner_state: bool = False, min_versions: int = 1) -> PolicySnapshot | None:
+        """The current snapshot, or ``None`` if the caller already holds ``newer_than`` or a
+        version fewer than ``min_versions`` behind the current one (TianJi's event-triggered
+        pull: the parameters move only when they moved enough).
 
         A learner passes its id: it is then active (a sync barrier waits for it) until it pushes
         or is reported lost. ``learner_state`` adds what only learners need: the learners' Adam
@@ -124,8 +128,11 @@ class ParameterActor:
         if learner_id is not None:
             self.strategy.on_learner_started(learner_id, cur.version)
             self.learning[learner_id] = cur.version
-        if cur.version == newer_than:
+        # a version behind the caller's (an exploit loaded another actor's state) always moves
+        if newer_than >= 0 and 0 <= cur.version - newer_than < min_versions:
+            self.pulls_unchanged += 1
             return None
+        self.pulls_sent += 1
         if learner_state:
             return PolicySnapshot(cur.version, cur.params, cur.moments, self.opt_state,
                                   self.target)
@@ -278,7 +285,8 @@ class ParameterActor:
                   "actor/pushes": self.pushes, "pushes/refused": self.refused,
                   "pushes/distinct": len(self.seen),
                   "learners/exchange_skipped": self.exchange_skipped,
-                  "gradients/weight_sum": self.weight_sum})
+                  "gradients/weight_sum": self.weight_sum, "actor/pulls_sent": self.pulls_sent,
+                  "actor/pulls_unchanged": self.pulls_unchanged})
         return m
 
     # ---- checkpoint state --------------------------------------------------------------------
@@ -292,6 +300,7 @@ class ParameterActor:
                 "optimizer": optimizer, "learner_opt": self.opt_state, "target": self.target,
                 "strategy": self.strategy.state_dict(), "rejected": self.rejected,
                 "refused": self.refused, "weight_sum": self.weight_sum,
+                "pulls_sent": self.pulls_sent, "pulls_unchanged": self.pulls_unchanged,
                 "seen": np.fromiter(sorted(self.seen), np.int64, len(self.seen))}
 
     @_locked
@@ -305,6 +314,8 @@ class ParameterActor:
         self.rejected = int(state.get("rejected", 0))
         self.refused = int(state.get("refused", 0))
         self.weight_sum = float(state.get("weight_sum", 0.0))
+        self.pulls_sent = int(state.get("pulls_sent", 0))
+        self.pulls_unchanged = int(state.get("pulls_unchanged", 0))
         self.seen = {int(s) for s in np.asarray(state.get("seen", ()), np.int64)}
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
                                       state.get("moments"))

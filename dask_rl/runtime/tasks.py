@@ -32,16 +32,26 @@ if TYPE_CHECKING:
 
 def rollout_task(run: str, slot: int, actor: Any, epsilon: float | None = None) -> Trajectory:
     """Collect ``rollout.steps`` steps on slot ``slot``'s environments with the newest policy
-    (epsilon-greedy on its action values with ``epsilon``: value-based algorithms)."""
+    (epsilon-greedy on its action values with ``epsilon``: value-based algorithms).
+
+    TianJi's event-triggered pull: the slot asks the parameter actor only every
+    ``rollout.pull_every`` rollouts, and the parameters move only when the actor's version
+    moved by ``rollout.pull_min_versions`` or more (a slot without a policy from this very
+    actor always pulls)."""
     state = run_state(run)
+    rollout = state.cfg.rollout
     collector = state.collector(slot)
     # A re-created actor restarts from an older version: a cached version only counts if it
     # came from this very actor.
     held = collector.version if collector.source == actor.key else -1
-    snapshot = actor.call("pull", newer_than=held)
-    if snapshot is not None:
-        collector.load(snapshot, source=actor.key)
-    return collector.collect(state.cfg.rollout.steps, epsilon=epsilon)
+    if held < 0 or collector.rollouts_since_pull + 1 >= rollout.pull_every:
+        snapshot = actor.call("pull", newer_than=held, min_versions=rollout.pull_min_versions)
+        collector.rollouts_since_pull = 0
+        if snapshot is not None:
+            collector.load(snapshot, source=actor.key)
+    else:
+        collector.rollouts_since_pull += 1
+    return collector.collect(rollout.steps, epsilon=epsilon)
 
 
 def trajectory_stats_task(traj: Trajectory) -> TrajectoryStats:

@@ -169,3 +169,16 @@ def test_a_refused_repeat_releases_its_learner_from_the_barrier():
     a.pull(learner_id="L3")
     assert a.push(d, 1, "L3", seq=3, epoch="e", run="r").status == "applied"
     assert a.metrics()["learners/active"] == 0
+
+
+def test_an_event_triggered_pull_moves_parameters_only_when_they_moved_enough():
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig())
+    for _ in range(3):
+        a.pull(learner_id="L")
+        a.push(np.ones(2, np.float32), a.current.version, "L")
+    assert a.current.version == 3
+    assert a.pull(newer_than=1, min_versions=3) is None          # moved by 2 < 3
+    assert a.pull(newer_than=0, min_versions=3).version == 3     # moved by 3
+    assert a.pull(newer_than=3) is None                          # the default: unchanged
+    assert a.pull(newer_than=-1, min_versions=10).version == 3   # holds nothing: always
+    assert a.pull(newer_than=7, min_versions=10).version == 3    # behind the caller: always

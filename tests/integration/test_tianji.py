@@ -1,8 +1,9 @@
-"""DQN on TianJi's replay path, 2 worker processes: the mechanism first, then learning.
+"""TianJi's controls on 2 worker processes: the mechanism first, then learning.
 
-The replay buffer stays on the workers (only sampled rows move), the sample-staleness
-controller drives P = B_s / N_s under its tolerance and the learning rate follows
-alpha / (1 + lambda P), and double DQN solves CartPole through the CLI.
+The sample-staleness controller drives P = B_s / N_s under its tolerance and the learning
+rate follows alpha / (1 + lambda P); event-triggered pulls move the policy less often and
+rollouts then act with older versions; double DQN on the replay path solves CartPole through
+the CLI.
 """
 
 import json
@@ -54,6 +55,28 @@ def test_a_buffer_too_small_for_the_batch_is_grown_then_the_batch_shrinks(local_
     for r in learners:
         assert r["learner/batch"] == set_by[r["learner"]]["batch"]
         assert r["learner/lr"] == pytest.approx(set_by[r["learner"]]["lr"])
+
+
+def _rollout_pulls(local_client, pipelines, run, pull_every):
+    result = dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client, run_dir=run,
+                           overrides=[f"rollout.pull_every={pull_every}",
+                                      "stop.env_steps=30000", "stop.solve_on_target=false",
+                                      "stop.eval_every_updates=0", "checkpoint.every_s=0"])
+    rounds = _records(run, "round")
+    lag = [r["policy_lag"] for r in _records(run, "learner")]
+    asked = rounds[-1]["actor/pulls_sent"] + rounds[-1]["actor/pulls_unchanged"]
+    return asked, sum(lag) / len(lag), result.summary
+
+
+def test_event_triggered_pulls_ask_less_often_and_act_with_older_policies(local_client,
+                                                                          pipelines, tmp_path):
+    asked_1, lag_1, s1 = _rollout_pulls(local_client, pipelines, tmp_path / "every", 1)
+    asked_4, lag_4, s4 = _rollout_pulls(local_client, pipelines, tmp_path / "fourth", 4)
+    learners_1, learners_4 = s1["gradients_applied"], s4["gradients_applied"]
+    # learners pull once each in both runs; rollouts every rollout, or every fourth
+    rollouts_1, rollouts_4 = asked_1 - learners_1, asked_4 - learners_4
+    assert rollouts_4 < 0.5 * rollouts_1, (rollouts_1, rollouts_4)
+    assert lag_4 > lag_1, (lag_1, lag_4)
 
 
 @pytest.mark.slow
