@@ -10,7 +10,8 @@ runs the final evaluation, and reports progress.
 A greedy evaluation that reaches the target is a screening, not a verdict: a run is called
 solved only when a *confirming* evaluation of the policy it keeps — ``stop.confirm_episodes``
 episodes (the env's standard: 100 for the classic-control tasks, as Gym defines solving them)
-on seeds no screening uses — also reaches it. Each stop on a target is a test repeated many
+on seeds no screening uses — also reaches it, by ``stop.confirm_margin`` standard errors
+(:func:`~dask_rl.control.schedule.target_confirmed`). Each stop on a target is a test repeated many
 times over a run, and a short evaluation passes by luck often enough to matter (three of
 three short-evaluation "solves" of the main job were 334, 442 and 500 over 100 episodes).
 
@@ -36,7 +37,7 @@ from distributed import Client
 
 from dask_rl.checkpoint import CheckpointStore
 from dask_rl.config import PipelineConfig
-from dask_rl.control.schedule import RECENT_EPISODES
+from dask_rl.control.schedule import RECENT_EPISODES, target_confirmed
 from dask_rl.data import Evaluation, Progress
 from dask_rl.data.metrics import TOPIC, MetricsLog
 from dask_rl.data.summary import RunSummary
@@ -183,13 +184,18 @@ class Run(abc.ABC):
         self.target_hit = False
         self.confirmation = result
         self._log_eval(result, "confirmation")
-        confirmed = self.target is not None and result.mean_return >= self.target
+        confirmed = self._clears_target(result)
         if confirmed and self.stop_reason is None:
             self.stop_reason = "solved"
         elif not confirmed:
-            logger.info("the target was not confirmed: %.1f over %d episodes", result.mean_return,
-                        result.episodes)
+            logger.info("the target was not confirmed: %.1f +- %.1f over %d episodes",
+                        result.mean_return, result.std_return, result.episodes)
         return confirmed
+
+    def _clears_target(self, result: Evaluation) -> bool:
+        return self.target is not None and target_confirmed(
+            mean=result.mean_return, std=result.std_return, episodes=result.episodes,
+            target=self.target, margin=self.cfg.stop.confirm_margin)
 
     def confirm_seed(self) -> int:
         """Seeds of confirming evaluations: a range no screening or rollout uses."""
@@ -230,8 +236,7 @@ class Run(abc.ABC):
 
     def solved(self) -> bool:
         """Whether a confirming evaluation of the final policy reached the target."""
-        return (self.target is not None and self.confirmation is not None
-                and self.confirmation.mean_return >= self.target)
+        return self.confirmation is not None and self._clears_target(self.confirmation)
 
     def report_progress(self, *, env_steps: int | None = None, total: int | None = None,
                         recent_return: float | None = None, updates: int | None = None,

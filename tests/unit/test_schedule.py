@@ -3,7 +3,12 @@
 import pytest
 
 from dask_rl.control.accounting import Accounting, ema
-from dask_rl.control.schedule import EvalSchedule, learner_seed, learning_rate
+from dask_rl.control.schedule import (
+    EvalSchedule,
+    learner_seed,
+    learning_rate,
+    target_confirmed,
+)
 
 
 def test_evaluations_come_every_n_updates_one_at_a_time():
@@ -32,6 +37,17 @@ def test_after_an_unconfirmed_target_the_recent_return_alone_waits_a_period():
     held = [u for u in range(8, 70)
             if s.due(updates=u, recent_return=490.0, recent_episodes=20, running=False)]
     assert held[0] == 57   # the first update count at least 50 past the unconfirmed one
+
+
+def test_a_confirmation_must_clear_the_target_by_its_margin():
+    # a seed of the main job in CI: 478.3 +- 50.1 over 100 episodes, then 471.9 on 100 fresh
+    # episodes. Its standard error is 5.0: 2.5 of them put the bar at 487.5, not passed
+    kw = {"episodes": 100, "target": 475.0}
+    assert not target_confirmed(mean=478.3, std=50.1, margin=2.5, **kw)
+    assert target_confirmed(mean=478.3, std=50.1, margin=0.0, **kw)      # the bare standard
+    assert target_confirmed(mean=496.0, std=20.0, margin=2.5, **kw)      # 496 - 5 = 491
+    assert target_confirmed(mean=500.0, std=0.0, margin=2.5, **kw)       # every episode 500
+    assert not target_confirmed(mean=474.9, std=0.0, margin=0.0, **kw)
 
 
 def test_learning_rate_anneals_linearly_to_a_floor():
