@@ -76,7 +76,7 @@ def test_solved_means_solved_over_five_seeds_on_a_users_cluster(local_client, pi
         assert conf["episodes"] == 100 and conf["mean_return"] >= 475, s
         assert confirmations[-1]["version"] == conf["version"]
         for r in confirmations[:-1]:   # an unconfirmed target: training went on
-            assert r["mean_return"] < 475 and r["version"] < conf["version"], r
+            assert r["version"] < conf["version"], r
         again = _reevaluate(run_dir, 100, 777_000 + seed, capsys)
         # the kept policy is the confirmed one, and it holds on episodes nobody has seen
         assert again["version"] == conf["version"], (again, conf)
