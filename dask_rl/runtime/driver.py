@@ -531,12 +531,19 @@ class Driver(Trainer):
                                 recent_episodes=len(self.returns), running=running):
             self._submit_eval()
 
-    def _submit_eval(self) -> Future:
+    def _submit_eval(self, kind: str = "eval", episodes: int | None = None,
+                     seed: int | None = None) -> Future:
+        """An evaluation task: a screening (``eval``) or a confirmation (``confirm``), both held in
+        flight, or with ``kind="final"`` one the caller waits for."""
         self.evals += 1
-        fut = self.client.submit(evaluate_task, self.run_name, self.actor,
-                                 self.cfg.stop.eval_episodes, 10_000 + self.evals,
-                                 pure=False, key=f"evaluate-{self.evals}-{self.run_name}")
-        self.inflight[fut] = _Task("eval")
+        if seed is None:
+            seed = self.confirm_seed() if kind == "confirm" else 10_000 + self.evals
+        fut = self.client.submit(
+            evaluate_task, self.run_name, self.actor,
+            self.cfg.stop.eval_episodes if episodes is None else episodes, seed, pure=False,
+            key=f"{'confirm' if kind == 'confirm' else 'evaluate'}-{self.evals}-{self.run_name}")
+        if kind != "final":
+            self.inflight[fut] = _Task(kind)
         return fut
 
     def _maybe_confirm(self) -> None:
@@ -549,17 +556,11 @@ class Driver(Trainer):
         if self.policy.learners_in_flight or any(t.kind == "confirm"
                                                  for t in self.inflight.values()):
             return
-        self.evals += 1
-        fut = self.client.submit(evaluate_task, self.run_name, self.actor, self.confirm_episodes,
-                                 self.confirm_seed(), pure=False,
-                                 key=f"confirm-{self.evals}-{self.run_name}")
-        self.inflight[fut] = _Task("confirm")
+        self._submit_eval("confirm", self.confirm_episodes)
 
     def _evaluate_now(self, episodes: int, seed: int) -> Evaluation:
         while True:
-            self.evals += 1
-            fut = self.client.submit(evaluate_task, self.run_name, self.actor, episodes, seed,
-                                     pure=False, key=f"evaluate-{self.evals}-{self.run_name}")
+            fut = self._submit_eval("final", episodes, seed)
             try:
                 return fut.result()
             except Exception as e:

@@ -93,8 +93,8 @@ def _patch(monkeypatch, where: str, fault: Fault) -> None:
     elif kind == "eval":  # a greedy evaluation task in flight
         original_eval = driver_module.Driver._submit_eval
 
-        def submit_eval(self):
-            fut = original_eval(self)
+        def submit_eval(self, *args):
+            fut = original_eval(self, *args)
             if fault.due():
                 kill_actor_worker(self)
             return fut
