@@ -13,7 +13,8 @@ and a run already there is not redone, so a long study can span several sessions
 ``tune``
     For each environment and strategy, ``alpha0`` from ``--alphas`` on the tuning seeds
     (``--tune-seeds``, never reported); the one with the best mean area under the curve wins.
-    Equal footing for the step: async and SSP apply each gradient whole, sync, softsync and
+    Equal footing for the step: async and SSP apply each gradient whole (TianJi too, scaled
+    by ``1 / (1 + lambda P)``), sync, softsync and
     Stellaris average the gradients they buffer (each weighs ``1/H``, Stellaris' scaled by
     staleness too), so the same ``alpha0`` is a smaller step per gradient for them. Tuning
     each strategy's ``alpha0`` over a grid wide enough for both (0.5 to 4) gives each its best
@@ -56,12 +57,14 @@ sys.path.insert(0, str(HERE))
 ROOT = HERE.parent
 PIPELINE = ROOT / "pipelines" / "ppo_hopper_stellaris.yaml"
 ENVS = ["Hopper-v5", "HalfCheetah-v5"]
-STRATEGIES = ["stellaris", "async", "ssp", "softsync", "sync"]
+STRATEGIES = ["stellaris", "tianji", "async", "ssp", "softsync", "sync"]
 STRATEGY_SETTINGS = {
     # the paper's method as specified: decay 0.96, v = 3, global IS truncation (rho = 1)
     "stellaris": ["aggregation.strategy=stellaris", "learner.is_truncation=true"],
     "stellaris-auto": ["aggregation.strategy=stellaris", "aggregation.decay=auto",
                        "learner.is_truncation=true"],
+    # TianJi's step alpha0 / (1 + lambda P), P the share of stale samples (lambda 1)
+    "tianji": ["aggregation.strategy=tianji", "learner.is_truncation=false"],
     "async": ["aggregation.strategy=async", "learner.is_truncation=false"],
     "ssp": ["aggregation.strategy=ssp", "aggregation.bound=3", "learner.is_truncation=false"],
     "softsync": ["aggregation.strategy=softsync", "aggregation.n=2",

@@ -164,6 +164,12 @@ def _check_replay(cfg: PipelineConfig) -> None:
         if getattr(cfg.env, key):
             raise ConfigError(f"env.{key}: not supported with algo.name {cfg.algo.name!r} "
                               f"(its learners sample transitions and see no running statistics)")
+    if cfg.aggregation.strategy != "async":
+        raise ConfigError(f"aggregation.strategy: only 'async' with algo.name "
+                          f"{cfg.algo.name!r} (its sampled learners run continuously and take "
+                          f"TianJi's alpha / (1 + lambda P) themselves: a barrier would never "
+                          f"close, a staleness weight would stack on it), "
+                          f"got {cfg.aggregation.strategy!r}")
     algo: Any = cfg.algo
     if algo.learning_starts > algo.buffer_size:
         raise ConfigError(f"algo.learning_starts: must be <= algo.buffer_size "

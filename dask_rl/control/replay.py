@@ -126,10 +126,15 @@ class TransitionReplay(Generic[T]):
         return list(self.entries)
 
     def restore(self, items: list[tuple[T, int, int]]) -> None:
-        """Replace the contents (from a checkpoint), oldest first."""
+        """Replace the contents (from a checkpoint), oldest first. Nothing is evicted: the
+        checkpoint held what fitted the capacity then, which sample-staleness control may have
+        grown past the configured one (the grown capacity is restored with the driver's state,
+        possibly after this)."""
         self.clear()
         for handle, steps, envs in items:
-            self.add(handle, steps=steps, envs=envs)
+            self.entries.append((handle, steps, envs))
+            self.size += steps * envs
+        self.capacity = max(self.capacity, self.size)
 
     def clear(self) -> None:
         self.entries.clear()

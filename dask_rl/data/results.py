@@ -63,6 +63,7 @@ class PushAck:
     status: str
     version: int        # the actor's version after the push
     staleness: int = 0  # version at arrival minus the version the learner pulled
+    weight: float | None = None  # its weight in the update, when applied at its arrival
 
 
 @dataclass
@@ -87,6 +88,7 @@ class LearnerReport:
     def record(self) -> dict[str, Any]:
         """The flat metrics record of this report (without the episode lists)."""
         return {**self.stats, "status": self.ack.status, "staleness": self.ack.staleness,
+                "weight": self.ack.weight,
                 "version_after": self.ack.version, "version_pulled": self.version_pulled,
                 "policy_lag": self.policy_lag, "trajectory_steps": self.trajectory_steps,
                 "trajectory_bytes": self.trajectory_bytes, "rollout/collect_s": self.collect_s,

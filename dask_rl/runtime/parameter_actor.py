@@ -178,7 +178,7 @@ class ParameterActor:
     def push(self, delta: np.ndarray, version: int, learner_id: str, *,
              opt_state: dict | None = None, moments: dict | None = None,
              finite_loss: bool = True, seq: int | None = None, epoch: str | None = None,
-             run: str | None = None) -> PushAck:
+             run: str | None = None, samples: int = 0, stale_samples: int = 0) -> PushAck:
         """A learner's parameter delta (the strategy's *gradient*), computed on ``version``.
         Returns what became of it.
 
@@ -186,6 +186,8 @@ class ParameterActor:
         exactly-once: a repeat, another epoch's or another run's push is ``refused`` (nothing
         of it is applied or merged). A delta with NaN or infinite values, of the wrong size, or
         from a learner whose loss was not finite is ``rejected``: counted, never applied.
+        ``samples`` and ``stale_samples`` (collected by a policy older than ``version``) tell
+        the strategy how stale the gradient's data was (TianJi's ``P``).
         """
         t0 = time.perf_counter()
         self.pushes += 1
@@ -218,16 +220,18 @@ class ParameterActor:
         gid = next(self.ids)
         self.gradients[gid] = (delta, opt_state)
         staleness = self.strategy.version - version
-        decisions = self.strategy.on_gradient(Arrival(gid, learner_id, version))
+        decisions = self.strategy.on_gradient(Arrival(gid, learner_id, version, int(samples),
+                                                      int(stale_samples)))
         self._execute(decisions)
         self.apply_s += time.perf_counter() - t0
-        if any(gid in d.ids for d in decisions):
+        weight = next((w for d in decisions for i, w in d.apply if i == gid), None)
+        if weight is not None:
             status = "applied"
         elif any(gid in d.drop for d in decisions):
             status = "dropped"
         else:
             status = "buffered"
-        return PushAck(status, self.current.version, staleness)
+        return PushAck(status, self.current.version, staleness, weight)
 
     def _refusal(self, seq: int | None, epoch: str | None, run: str | None) -> str | None:
         if run is not None and self.run is not None and run != self.run:

@@ -134,7 +134,10 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     t_learned = time.perf_counter()
     ack = actor.call("push", update.delta, update.version, learner_id,
                      opt_state=update.opt_state, moments=traj.moments if first_use else None,
-                     finite_loss=update.finite, seq=seq, epoch=actor.epoch, run=run)
+                     finite_loss=update.finite, seq=seq, epoch=actor.epoch, run=run,
+                     samples=traj.env_steps,
+                     stale_samples=traj.env_steps if traj.policy_version < snapshot.version
+                     else 0)
     t_pushed = time.perf_counter()
     return LearnerReport(
         ack=ack, version_pulled=snapshot.version,

@@ -1,4 +1,4 @@
-"""Gradient aggregation strategies (sans-IO): sync, async, SSP, n-softsync, Stellaris.
+"""Gradient aggregation strategies (sans-IO): sync, async, SSP, n-softsync, Stellaris, TianJi.
 
 ``aggregation.strategy`` in a pipeline selects one of :data:`STRATEGIES` (or one added with
 :func:`register`); :func:`make_strategy` builds it from its validated config. All share the
@@ -15,13 +15,14 @@ from dask_rl.staleness.softsync import Softsync, SoftsyncConfig
 from dask_rl.staleness.ssp import SSP, SSPConfig
 from dask_rl.staleness.stellaris import Stellaris, StellarisConfig
 from dask_rl.staleness.sync import Sync, SyncConfig
+from dask_rl.staleness.tianji import Tianji, TianjiConfig
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Sync, Async, SSP, Softsync,
-                                                             Stellaris)}
+                                                             Stellaris, Tianji)}
 
 __all__ = ["STRATEGIES", "Arrival", "AsyncConfig", "Decision", "SSPConfig", "SoftsyncConfig",
-           "StellarisConfig", "Strategy", "SyncConfig", "WAIT", "config_class", "make_strategy",
-           "names", "register"]
+           "StellarisConfig", "Strategy", "SyncConfig", "TianjiConfig", "WAIT", "config_class",
+           "make_strategy", "names", "register"]
 
 
 def register(strategy: type[Strategy]) -> type[Strategy]:

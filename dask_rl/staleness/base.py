@@ -42,6 +42,8 @@ class Arrival:
     id: int            # the actor's key for the gradient array
     learner_id: str
     version: int       # the parameter version the learner pulled
+    samples: int = 0        # env steps the gradient learned from (0: not reported)
+    stale_samples: int = 0  # of those, collected by a policy older than ``version``
 
 
 @dataclass(frozen=True)

@@ -227,3 +227,22 @@ def test_a_learner_takes_one_step_per_batch_at_the_rate_it_was_given():
     # Adam's steps move each coordinate by at most about lr per step
     assert 0 < np.abs(update.delta).max() <= 5 * 1e-3 * 1.01
     assert update.opt_state["t"] == 5
+    # One batch is one Adam step from fresh moments: every coordinate with a gradient moves by
+    # lr |g| / (|g| + eps), i.e. by the rate given (not the config's learner.lr, 2.5e-4).
+    one = Transitions(obs=t.obs[:32], actions=t.actions[:32], returns=t.returns[:32],
+                      discounts=t.discounts[:32], next_obs=t.next_obs[:32])
+    for lr in (1e-3, 1e-4):
+        step = Learner(cfg, obs_space, act_space, device="cpu").update_transitions(
+            PolicySnapshot(0, params), one, lr=lr, batch_size=32, seed=1)
+        assert np.abs(step.delta).max() == pytest.approx(lr, rel=1e-3)
+
+
+@pytest.mark.parametrize("strategy", ["sync", "ssp", "softsync", "stellaris", "tianji"])
+def test_dqn_refuses_every_strategy_but_async(strategy):
+    from dask_rl.config import ConfigError
+    from dask_rl.config.loader import from_dict
+
+    with pytest.raises(ConfigError, match="aggregation.strategy: only 'async'"):
+        from_dict({"algo": {"name": "dqn"}, "aggregation": {"strategy": strategy}},
+                  check_env=False)
+    assert from_dict({"algo": {"name": "dqn"}}, check_env=False).aggregation.strategy == "async"

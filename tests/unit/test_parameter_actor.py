@@ -1,10 +1,11 @@
 """The parameter actor as a plain object: versions, snapshots, optimizer state, rejection."""
 
 import numpy as np
+import pytest
 
 from dask_rl.data import PushAck
 from dask_rl.runtime.parameter_actor import ParameterActor
-from dask_rl.staleness import AsyncConfig, SyncConfig
+from dask_rl.staleness import AsyncConfig, SyncConfig, TianjiConfig
 
 
 def test_pull_is_cheap_when_current_and_snapshots_are_immutable():
@@ -13,7 +14,7 @@ def test_pull_is_cheap_when_current_and_snapshots_are_immutable():
     assert snap.version == 0
     assert a.pull(newer_than=0) is None
     ack = a.push(np.ones(4, np.float32), 0, "L1")
-    assert ack == PushAck("applied", version=1, staleness=0)
+    assert ack == PushAck("applied", version=1, staleness=0, weight=1.0)
     np.testing.assert_array_equal(snap.params, np.zeros(4))  # old snapshot untouched
     np.testing.assert_array_equal(a.pull(newer_than=0).params, -0.5 * np.ones(4))
 
@@ -182,3 +183,12 @@ def test_an_event_triggered_pull_moves_parameters_only_when_they_moved_enough():
     assert a.pull(newer_than=3) is None                          # the default: unchanged
     assert a.pull(newer_than=-1, min_versions=10).version == 3   # holds nothing: always
     assert a.pull(newer_than=7, min_versions=10).version == 3    # behind the caller: always
+
+
+def test_tianji_step_is_the_one_applied_to_the_parameters():
+    """alpha0 / (1 + lambda P) reaches theta: with plain SGD, theta moves by exactly that."""
+    a = ParameterActor(np.zeros(2, np.float32), TianjiConfig(alpha0=0.5, lam=3.0))
+    a.pull(learner_id="A")
+    ack = a.push(np.ones(2, np.float32), 0, "A", samples=40, stale_samples=10)  # P = 0.25
+    assert ack.status == "applied" and ack.weight == pytest.approx(1 / 1.75)
+    np.testing.assert_allclose(a.pull().params, -0.5 / 1.75 * np.ones(2), rtol=1e-6)

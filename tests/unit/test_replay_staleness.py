@@ -90,3 +90,16 @@ def test_filling_a_real_buffer_drives_p_under_the_tolerance(seed):
         b.capacity = c.capacity
         assert b.size <= max(b.capacity, chunk)
     assert c.ratio(b.size) <= tol + 1e-12 or c.batch == c.min_batch, (c, b.size)
+
+
+def test_restoring_a_grown_buffer_keeps_every_saved_trajectory():
+    """A checkpoint of a buffer grown past the configured capacity comes back whole."""
+    grown = TransitionReplay(capacity=100)
+    grown.capacity = 400                     # what sample-staleness control grew it to
+    for k in range(6):
+        grown.add(f"t{k}", steps=16, envs=4)  # 6 x 64 = 384 transitions, all kept
+    resumed = TransitionReplay(capacity=100)  # the configured capacity, as on resume
+    resumed.restore(grown.items())
+    assert resumed.items() == grown.items() and resumed.size == 384
+    resumed.capacity = 400                    # the driver's state, restored after
+    assert resumed.add("t6", steps=16, envs=4) == ["t0"]

@@ -14,12 +14,14 @@ from dask_rl.staleness import (
     SSPConfig,
     StellarisConfig,
     SyncConfig,
+    TianjiConfig,
     make_strategy,
 )
 from dask_rl.staleness.stellaris import step_scale
 
 CONFIGS = {"sync": SyncConfig(), "async": AsyncConfig(), "ssp": SSPConfig(bound=2),
-           "softsync": SoftsyncConfig(n=2), "stellaris": StellarisConfig()}
+           "softsync": SoftsyncConfig(n=2), "stellaris": StellarisConfig(),
+           "tianji": TianjiConfig()}
 
 
 def test_configs_cover_every_strategy():
@@ -342,3 +344,65 @@ def test_stellaris_auto_decay_follows_reward_progress():
     assert s.decay == pytest.approx(d + 0.25 * (0.90 - d))
     s.on_round_end()                          # no signal: unchanged
     assert s.decay == pytest.approx(d + 0.25 * (0.90 - d))
+
+
+# ---- TianJi ---------------------------------------------------------------------------------
+
+def test_tianji_step_follows_the_share_of_stale_samples_by_hand():
+    """alpha_eff / alpha = 1 / (1 + lambda P), P over the last `window` gradients' samples."""
+    s = make_strategy(TianjiConfig(lam=2.0, window=2), learners=4)
+    for lid in "abcde":
+        s.on_learner_started(lid, 0)
+    [d] = s.on_gradient(Arrival(0, "a", 0, samples=100, stale_samples=0))    # P = 0
+    assert d.apply == ((0, 1.0),)
+    [d] = s.on_gradient(Arrival(1, "b", 0, samples=100, stale_samples=100))  # P = 100/200
+    assert d.apply == ((1, pytest.approx(1 / 2)),)
+    [d] = s.on_gradient(Arrival(2, "c", 0, samples=50, stale_samples=50))    # P = 150/150
+    assert d.apply == ((2, pytest.approx(1 / 3)),)
+    [d] = s.on_gradient(Arrival(3, "d", 0))                                   # unreported
+    assert d.apply == ((3, pytest.approx(1 / 3)),) and s.ratio == 1.0
+    [d] = s.on_gradient(Arrival(4, "e", 0, samples=150, stale_samples=0))    # P = 50/200
+    assert d.apply == ((4, pytest.approx(1 / 1.5)),)
+    assert s.metrics()["tianji/P"] == pytest.approx(0.25)
+    assert s.last_update["lr_scale"] == pytest.approx(1 / 1.5)
+    assert s.stats.staleness_sum == 0 + 1 + 2 + 3 + 4  # applied on arrival: never waits
+
+
+def test_tianji_against_per_sample_reference():
+    """Random pushes; the reference expands every gradient into per-sample stale flags."""
+    rng = np.random.default_rng(3)
+    lam, window = 0.7, 5
+    s = make_strategy(TianjiConfig(lam=lam, window=window), learners=8)
+    flags: list[list[bool]] = []  # one list of per-sample flags per reporting gradient
+    for gid in range(200):
+        s.on_learner_started(f"L{gid}", s.version)
+        n = int(rng.integers(0, 40))
+        stale = int(rng.integers(0, n + 1)) if n else 0
+        [d] = s.on_gradient(Arrival(gid, f"L{gid}", s.version, samples=n, stale_samples=stale))
+        if n:
+            per_sample = [True] * stale + [False] * (n - stale)
+            rng.shuffle(per_sample)
+            flags.append(per_sample)
+        recent = [f for g in flags[-window:] for f in g]
+        p = sum(recent) / len(recent) if recent else 0.0
+        assert d.apply == ((gid, pytest.approx(1.0 / (1.0 + lam * p))),)
+
+
+def test_tianji_state_keeps_its_window():
+    s = make_strategy(TianjiConfig(window=3), learners=2)
+    s.on_learner_started("a", 0)
+    s.on_gradient(Arrival(0, "a", 0, samples=10, stale_samples=4))
+    t = make_strategy(TianjiConfig(window=3), learners=2)
+    t.load_state_dict(s.state_dict())
+    assert t.ratio == pytest.approx(0.4)
+    t.on_learner_started("b", 1)
+    [d] = t.on_gradient(Arrival(0, "b", 1, samples=10, stale_samples=0))
+    assert d.apply == ((0, pytest.approx(1 / (1 + 0.2))),)
+
+
+def test_tianji_ignores_superseded_gradients_in_its_ratio():
+    s = make_strategy(TianjiConfig(), learners=2)
+    s.on_learner_started("a", 0)
+    s.on_replaced()
+    [d] = s.on_gradient(Arrival(0, "a", 0, samples=10, stale_samples=10))
+    assert d.drop == (0,) and s.ratio == 0.0

@@ -1,0 +1,90 @@
+"""TianJi's staleness-following learning rate for the asynchronous learners (PPO, IMPACT).
+
+TianJi (notes, Sec. 3.2, "dynamic learning rate") scales the step by the measured sample
+staleness ``P``: ``alpha_eff = alpha / (1 + lambda * P)``. Every gradient is applied the moment
+it arrives (TianJi relaxes the learner's dependencies: nothing waits), with the weight
+``1 / (1 + lambda * P)`` and the server step ``alpha0``.
+
+``P`` for on-policy learners. TianJi defines ``P = B_s / N_s`` on a replay buffer that
+learners sample from uniformly (the replay path, :class:`~dask_rl.control.replay.
+SampleStaleness`, uses exactly that). An asynchronous PPO/IMPACT learner does not sample from
+a buffer: it learns from whole trajectories, each once (PPO) or a few times (IMPACT's
+replay). Mapping ``B_s / N_s`` onto that — a learner's batch over the samples it could have
+been given — would *lower* ``P`` when trajectories pile up waiting for learners, i.e. exactly
+when the data a learner gets is oldest, and so lengthen the step where it should shorten it.
+**Deviation:** here ``P`` is the share of recently learned samples that are stale — collected
+by a policy older than the parameters the learner started from (``policy_version < version
+pulled``: a backlog, or an IMPACT replay, makes them so):
+
+    P = sum_j stale_j / sum_j samples_j    over the last ``window`` gradients, j included,
+
+which keeps what TianJi's ``P`` is for: a ratio in [0, 1] that grows as the learner's data
+falls behind its parameters, and that its tolerance (0.2) and operating rules (> 0.3, < 0.1)
+can be read against. A gradient that carries no sample counts (a learner that does not report
+them) leaves ``P`` unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Literal
+
+from dask_rl.config.schema import AggregationConfig, option
+from dask_rl.staleness.base import Arrival, Decision, Strategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class TianjiConfig(AggregationConfig):
+    strategy: Literal["tianji"] = option("tianji", "TianJi: apply on arrival with the step "
+                                                   "alpha0 / (1 + lambda P), P the share of "
+                                                   "stale samples")
+    lam: float = option(1.0, "lambda in alpha0 / (1 + lambda P)", ge=0)
+    window: int = option(16, "gradients over which P, the share of stale samples, is "
+                             "measured", ge=1)
+
+
+def step_scale(stale_share: float, lam: float) -> float:
+    """``1 / (1 + lambda P)``."""
+    return 1.0 / (1.0 + lam * stale_share)
+
+
+class Tianji(Strategy):
+    config_class = TianjiConfig
+    name = "tianji"
+
+    def __init__(self, cfg, *, learners: int = 1):
+        super().__init__(cfg, learners=learners)
+        # (samples, stale samples) of the last `window` gradients that reported them
+        self.recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=cfg.window)
+
+    @property
+    def ratio(self) -> float:
+        """P: the share of stale samples over the window (0 before any sample is counted)."""
+        samples = sum(n for n, _ in self.recent)
+        return sum(s for _, s in self.recent) / samples if samples else 0.0
+
+    def on_gradient(self, arrival: Arrival) -> list[Decision]:
+        if arrival.samples > 0 and arrival.version >= self.valid_from:
+            self.recent.append((arrival.samples, min(arrival.stale_samples, arrival.samples)))
+        return super().on_gradient(arrival)
+
+    def decide(self) -> Decision:
+        if not self.buffer:
+            return Decision()
+        # At most one gradient is buffered here: each is applied on arrival.
+        p = self.ratio
+        scale = step_scale(p, self.cfg.lam)
+        return self._aggregate({i: scale for i in self.buffer}, lr_scale=scale, sample_ratio=p)
+
+    def metrics(self) -> dict:
+        m = super().metrics()
+        m["tianji/P"] = self.ratio
+        return m
+
+    def _extra_state(self) -> dict:
+        return {"recent": [list(r) for r in self.recent]}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self.recent.clear()
+        self.recent.extend((int(n), int(s)) for n, s in state.get("recent", []))
