@@ -1,7 +1,7 @@
 """The interface between an algorithm and the runtime.
 
 An algorithm declares what it needs of the runtime in :class:`Needs` and otherwise only turns
-data into losses; the runtime asks it nothing else. Two families exist:
+data into losses; the runtime asks it nothing else. Three families exist:
 
 * :class:`LearnerAlgorithm` — gradient learners trained by asynchronous learner tasks on
   trajectories (PPO, IMPACT): the learner building block calls :meth:`~LearnerAlgorithm.prepare`
@@ -51,7 +51,8 @@ class Needs:
     """What an algorithm asks of the runtime. The defaults ask for nothing."""
 
     #: The parameter actor keeps a *target* copy of the parameters, refreshed every this many
-    #: updates; learners get ``log pi_target(a|s)`` of their batch (None: no target network).
+    #: updates; gradient learners get ``log pi_target(a|s)`` of their batch, replay learners
+    #: the target parameters themselves (None: no target network).
     target_network_every: int | None = None
     #: Times each trajectory is learned from in all (> 1: the driver replays recent
     #: trajectories from a circular buffer when learners would otherwise idle).

@@ -17,7 +17,10 @@ of ``Q(S_t, A_t; theta) - G_t`` (DQN's clipping of the error to [-1, 1]: Mnih et
 2015, Methods, "Training algorithm").
 
 Exploration is epsilon-greedy with epsilon decayed linearly (Mnih et al. 2015: 1 to 0.1 over
-the first million frames; the end point and length are configurable).
+the first million frames; the end point and length are configurable, and the default end is
+0.05, as in the Rainbow-era baselines, not Nature's 0.1). Epsilon is fixed per rollout: a
+rollout acts with the value for the env steps collected when it was submitted, so the schedule
+is a staircase with steps of ``rollout.steps x env.num_envs``.
 
 Deviations: the n-step sum is also cut where a rollout's trajectory ends (``m < n`` for its
 last ``n - 1`` steps, bootstrapping with ``gamma^m`` from the last observation: still a
@@ -25,8 +28,13 @@ valid n-step target, not Rainbow's fixed ``n``). Learners are asynchronous tasks
 dependencies): each pulls the parameters and the target network, takes ``updates_per_task``
 Adam steps on batches of ``batch_size`` sampled transitions and pushes the change, as PPO's
 learners do; the target network is refreshed by the parameter actor every ``target_every``
-updates. Its Q-network is the policy head of the actor-critic models (the value head is
-unused): the greedy policy is the argmax of ``Q``.
+updates (with ``aggregation.strategy: async``, the only one DQN accepts, a version is one
+learner task). The optimizer is Adam (as in Rainbow), not Nature's RMSProp. Its Q-network is
+the policy head of the actor-critic models (the value head is unused): the greedy policy is
+the argmax of ``Q``. TianJi's notes also keep "shadow parameters", a delayed copy for acting
+decisions; they are not built: rollouts act with the parameters they last pulled (which
+``rollout.pull_every``/``pull_min_versions`` can already delay), and the target network is
+the delayed copy the learners use.
 """
 
 from __future__ import annotations
