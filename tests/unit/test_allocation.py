@@ -52,6 +52,7 @@ def test_matches_enumeration_on_random_rates(seed):
     (score, _), (n_l, n_a) = _best_by_enumeration(r_l, r_a, slots, cap)
     assert a.throughput == pytest.approx(score)
     assert a.learners <= cap and a.learners + a.actors <= slots
+    assert a.learners + a.actors == n_l + n_a  # ties go to the fewest slots
 
 
 def test_bad_rates_or_too_few_slots_are_refused():
