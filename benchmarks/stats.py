@@ -1,4 +1,4 @@
-"""Uncertainty for the benchmarks: bootstrap confidence intervals and Welch's t-test.
+"""Uncertainty for the benchmarks: bootstrap and t confidence intervals, Welch's t-test.
 
 Plain numpy (and scipy's t distribution), so that every results JSON states how sure its
 figures are. Resampling uses a fixed generator: a rerun on the same rows gives the same
@@ -48,3 +48,14 @@ def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
     p = 2 * scipy_stats.t.sf(abs(t), df)
     return {"t": float(t), "df": float(df), "p": float(p)}
+
+
+def mean_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float, float]:
+    """The mean and its Student-t interval (for a few repeats of one measurement, where a
+    bootstrap over 3 values would be too narrow); the interval is nan with one value."""
+    x = np.asarray(values, np.float64)
+    m = float(x.mean())
+    if x.size < 2:
+        return m, float("nan"), float("nan")
+    half = scipy_stats.t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
+    return m, float(m - half), float(m + half)

@@ -99,7 +99,10 @@ class DQN(ReplayAlgorithm):
             q_next_target = target.q_values(batch["next_obs"])
             best = q_next_online.argmax(-1, keepdim=True)
             boot = q_next_target.gather(1, best).squeeze(1)
-            targets = batch["returns"] + batch["discounts"] * boot
+            # where a sum ended in a termination the bootstrap is the reset observation's Q,
+            # multiplied by 0: dropped outright, so a non-finite Q there cannot make a NaN
+            targets = torch.where(batch["discounts"] > 0,
+                                  batch["returns"] + batch["discounts"] * boot, batch["returns"])
         q = q_taken(model.q_values(batch["obs"]), batch["actions"])
         loss = td_loss(q, targets)
         return loss, {"losses/td_loss": float(loss), "losses/q_values": float(q.mean())}
@@ -127,12 +130,6 @@ class Transitions:
     def concat(cls, parts: "list[Transitions]") -> "Transitions":
         return cls(*(np.concatenate([getattr(p, f) for p in parts])
                      for f in ("obs", "actions", "returns", "discounts", "next_obs")))
-
-
-def double_q_bootstrap(q_online_next: np.ndarray, q_target_next: np.ndarray) -> np.ndarray:
-    """``Q_target(s', argmax_a Q_online(s', a))`` over the last axis (actions)."""
-    best = np.argmax(q_online_next, axis=-1)
-    return np.take_along_axis(q_target_next, best[..., None], axis=-1)[..., 0]
 
 
 def n_step_returns(rewards: np.ndarray, terminated: np.ndarray, episode_end: np.ndarray,

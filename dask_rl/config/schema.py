@@ -163,7 +163,8 @@ class CheckpointConfig:
 @dataclass(frozen=True, kw_only=True)
 class AdaptConfig:
     minimum: int = option(1, "fewest workers (in the default, rollout group)", ge=0)
-    maximum: int = option(4, "most workers", ge=1)
+    maximum: int = option(4, "most workers (TianJi's allocation divides their threads between "
+                             "learners and rollout slots)", ge=1)
     interval_s: float = option(1.0, "local: seconds between scaling decisions", gt=0)
     wait_count: int = option(3, "local: decisions in a row before a worker is retired", ge=1)
 

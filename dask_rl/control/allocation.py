@@ -24,7 +24,14 @@ Deviation: the notes bound the *sample* staleness (``N_c / N_s <= P``); this LP 
 *version* staleness of concurrent learners instead (``n_L <= S + 1``), the bound that applies
 to the asynchronous gradient learners whose allocation it balances. For replay learners the
 notes' bound maps to ``n_L B_s / N_s <= P_tol``, i.e. ``L_max = floor(P_tol N_s / B_s)``,
-passed the same way. Not yet wired into the adaptive scaling policy.
+passed the same way.
+
+Where it is used: the adaptive scaling policy (:func:`dask_rl.control.scaling.lp_allocation`)
+solves it for each asynchronous trainer with per-slot rates in trajectories per second (a rollout
+task produces one, a learner task consumes one), ``M`` the cluster's thread limit and ``L_max``
+the trainer's ``learner.max_learners``; the driver runs the allocation's actor count as its
+rollout slots. Replay learners (DQN) are not allocated by it yet: their learners draw samples,
+not trajectories, and the replay ratio already holds rollouts back to what they learn.
 
 The notes' operating rules, on the measured sample-staleness ratio ``P`` (TianJi Sec. 5.2):
 ``P > 0.3``: learners are the bottleneck, add learners; ``P < 0.1``: learners idle on small
@@ -51,7 +58,8 @@ class Allocation:
     actor_rate: float        # T_RA = r_A n_A
     lp_learners: float       # the LP's continuous optimum, before rounding
     lp_actors: float
-    bound: str               # "balance" (every slot, T_RL = T_RA) or "staleness" (capped)
+    bound: str               # "balance" (every slot, T_RL = T_RA), "staleness" (n_L capped)
+    #                          or "floor" (one learner outpaces every other slot's actors)
 
     @property
     def throughput(self) -> float:
@@ -92,7 +100,12 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
     _, n_l, n_a = best
     # without the staleness bound, the optimum balances r_L n_L = r_A n_A on every slot
     balanced = slots * actor_rate / (learner_rate + actor_rate)
-    bound = "staleness" if balanced > cap + 1e-9 else "balance"
+    if balanced > cap + 1e-9:
+        bound = "staleness"
+    elif balanced < 1 - 1e-9:
+        bound = "floor"
+    else:
+        bound = "balance"
     return Allocation(learners=n_l, actors=n_a, learner_rate=n_l * learner_rate,
                       actor_rate=n_a * actor_rate, lp_learners=lp_l, lp_actors=lp_a,
                       bound=bound)

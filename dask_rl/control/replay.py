@@ -201,7 +201,11 @@ class SampleStaleness:
 
     def rule(self, held: int) -> str | None:
         """TianJi's tuning advice for the current ``P`` (:func:`~dask_rl.control.allocation.
-        operating_rule`): "more_learners" above 0.3, "larger_batch" below 0.1."""
+        operating_rule`): "more_learners" above 0.3, "larger_batch" below 0.1.
+
+        Recorded for comparison only: with ``P = B_s / N_s`` the number of learners does not
+        move ``P`` (each learner's consumption is ``updates_per_task x B_s``, and reuse is set
+        by the replay ratio), so the controller acts on ``N_s`` and ``B_s`` instead."""
         from dask_rl.control.allocation import operating_rule
 
         return operating_rule(self.ratio(held))

@@ -14,6 +14,13 @@ takes and ``l`` the seconds a learner task takes per trajectory (both measured b
   would only grow the queue of ready trajectories. When ready trajectories pile up
   (``ready > max_learners``) the rollouts are ahead and the rollout demand is cut to what the
   learners can absorb; otherwise learners get their balanced share.
+* **TianJi's allocation**, once the cluster's size limit ``M`` (threads, e.g. ``cluster.adapt``'s
+  maximum) and both task times are known: the max-min linear program of
+  :func:`dask_rl.control.allocation.balance` with per-slot rates ``1 / r`` and ``1 / l``
+  trajectories per second and the staleness bound ``n_l <= max_learners``. It replaces the
+  backlog rules above. The driver solves it (:func:`lp_allocation`), runs the allocation's
+  rollout count as its rollout slots and reports the allocation with its load, so the
+  scheduler sizes the cluster for exactly the allocation the driver runs.
 
 Learners on GPUs live in their own worker group: then the CPU (default) group is sized for the
 rollouts and the learner group separately. Bounds, a fixed group (the parameter actor's workers,
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from dask_rl.control.allocation import Allocation, balance
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,10 @@ class Load:
     rollout_s: float = 0.0        # mean seconds per rollout task (0: unknown)
     learner_s: float = 0.0        # mean seconds per learner task (0: unknown)
     learners_on_gpu: bool = False
+    max_threads: int = 0          # the most threads the trainer's cluster may have (0: unknown)
+    lp_actors: int = 0            # the driver's TianJi allocation (0: none yet)
+    lp_learners: int = 0
+    lp_bound: str = ""            # what bounds it: "balance" or "staleness"
 
 
 @dataclass(frozen=True)
@@ -57,8 +70,21 @@ class Target:
     reason: str
 
 
+def lp_allocation(load: Load) -> Allocation | None:
+    """TianJi's allocation of ``load.max_threads`` between learners and rollouts for the
+    measured task times, or None while a time or the size limit is unknown (or learners run in
+    a GPU group of their own, which the rollouts' threads do not trade against)."""
+    if (load.max_threads < 2 or load.rollout_s <= 0 or load.learner_s <= 0
+            or load.learners_on_gpu):
+        return None
+    return balance(learner_rate=1.0 / load.learner_s, actor_rate=1.0 / load.rollout_s,
+                   slots=load.max_threads, max_learners=load.max_learners)
+
+
 def demand(load: Load) -> tuple[int, int, str]:
     """(rollout threads, learner threads, why) wanted by one trainer."""
+    if load.lp_actors > 0:
+        return load.lp_actors, load.lp_learners, f"lp-{load.lp_bound}"
     rollouts = load.rollout_running + load.rollout_waiting
     queue = load.learner_running + load.learner_waiting + load.ready
     learners = min(queue, load.max_learners)

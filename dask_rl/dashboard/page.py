@@ -57,7 +57,16 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
     speed = _fig("steps_per_s", "env steps / s", "wall time (s)", "steps/s")
     speed.line("wall_s", "steps_per_s", source=train_src, line_width=2)
     learners = _fig("learners", "learner tasks in flight", "wall time (s)", "learners")
-    learners.step("wall_s", "learners", source=train_src, line_width=2, mode="after")
+    learners.step("wall_s", "learners", source=train_src, line_width=2, mode="after",
+                  legend_label="in flight")
+    # TianJi's allocation (adaptive clusters): what the LP gives learners and rollout slots
+    alloc_src = ColumnDataSource(_empty("env_steps", "wall_s", "actors", "learners"),
+                                 name="allocation")
+    learners.step("wall_s", "learners", source=alloc_src, line_width=2, mode="after",
+                  color="green", line_dash="dashed", legend_label="allocated learners")
+    learners.step("wall_s", "actors", source=alloc_src, line_width=2, mode="after",
+                  color="orange", line_dash="dashed", legend_label="allocated rollout slots")
+    learners.legend.location = "top_left"
 
     hist_src = ColumnDataSource(_empty("staleness", "count"), name="histogram")
     hist = _fig("staleness_histogram", "gradient staleness (applied)", "staleness (versions)",
@@ -119,13 +128,19 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
                        f"{latest.get('env_steps', 0)} &middot; updates "
                        f"{latest.get('updates')} &middot; return {_fmt(latest.get('return'))}"
                        f" &middot; greedy {_fmt(latest.get('eval_return'))} &middot; "
-                       f"{_fmt(latest.get('steps_per_s'), 0)} steps/s")
+                       f"{_fmt(latest.get('steps_per_s'), 0)} steps/s"
+                       + _allocation_text(latest.get("allocation")))
         s = run["series"]
         train = s.get("train", [])
         train_src.data = {"wall_s": [p["wall_s"] for p in train],
                           "env_steps": [p["env_steps"] for p in train],
                           "steps_per_s": [p["steps_per_s"] for p in train],
                           "learners": [p["learners"] or 0 for p in train]}
+        alloc = s.get("allocation", [])
+        alloc_src.data = {"env_steps": [p["env_steps"] for p in alloc],
+                          "wall_s": [p["wall_s"] for p in alloc],
+                          "actors": [p["actors"] for p in alloc],
+                          "learners": [p["learners"] for p in alloc]}
         eval_src.data = {"env_steps": [p["env_steps"] for p in s.get("eval", [])],
                          "return": [p["return"] for p in s.get("eval", [])]}
         h = run["staleness_histogram"]
@@ -164,6 +179,13 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
         doc.template_variables.update(template_variables or {})
     if theme is not None:
         doc.theme = theme
+
+
+def _allocation_text(a: dict | None) -> str:
+    if not a:
+        return ""
+    return (f" &middot; TianJi allocation: rollout slots {a.get('actors')}, "
+            f"learners {a.get('learners')} ({a.get('bound')}-bound)")
 
 
 def _fmt(value: Any, digits: int = 1) -> str:

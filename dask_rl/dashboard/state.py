@@ -4,8 +4,9 @@
 topic ``dask-rl`` — live on the scheduler (fed by a scheduler plugin) or offline from a file —
 and keeps, per run, bounded time series and the latest state: returns, steps/s, learners in
 flight, the staleness histogram, the threshold beta_k, gradient counters, checkpoints,
-recoveries and, for populations, a member table. :meth:`RunViews.snapshot` is the JSON served at
-``/rl/metrics.json``; the Bokeh page draws from it.
+recoveries, TianJi's allocation decisions (adaptive clusters) and, for populations, a member
+table. :meth:`RunViews.snapshot` is the JSON served at ``/rl/metrics.json``; the Bokeh page
+draws from it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class _Run:
             self.series["checkpoint"].append({"time": t, "env_steps": rec.get("env_steps"),
                                               "seconds": rec.get("seconds"),
                                               "name": rec.get("name")})
+        elif kind == "allocation":
+            point = {"time": t, "env_steps": rec.get("env_steps"), "wall_s": rec.get("wall_s"),
+                     "actors": rec.get("actors"),
+                     "learners": rec.get("learners"), "bound": rec.get("bound")}
+            self.series["allocation"].append(point)
+            self.latest["allocation"] = point
         elif kind == "recovery":
             self.series["recovery"].append({"time": t, "env_steps": rec.get("env_steps"),
                                             "reason": rec.get("reason")})

@@ -9,7 +9,8 @@ does it for its embedded clusters), this module:
 * collects the load reports drivers log every second as ``dask-rl-load`` events (rollout
   tasks in flight, ready trajectories, learners in flight, measured task times);
 * answers ``adaptive_target`` with :func:`dask_rl.control.scaling.target` for the RL load while any
-  driver reports one, and with Dask's own estimate otherwise (reports older than ``STALE_S``
+  driver reports one (a driver on an adaptive cluster reports TianJi's allocation, which the
+  target then follows), and with Dask's own estimate otherwise (reports older than ``STALE_S``
   are ignored, so a finished run lets the cluster shrink);
 * never offers a worker that holds an actor in ``workers_to_close``: adaptive scale-down would
   otherwise close the parameter actor's worker (FACTS.md).
@@ -63,7 +64,9 @@ class RLAdaptive(SchedulerPlugin):
                      learner_running=m.get("learners", 0),
                      max_learners=m.get("max_learners", 1),
                      rollout_s=m.get("rollout_s", 0.0), learner_s=m.get("learner_s", 0.0),
-                     learners_on_gpu=bool(m.get("gpu", False)))
+                     learners_on_gpu=bool(m.get("gpu", False)),
+                     lp_actors=m.get("lp_actors", 0), lp_learners=m.get("lp_learners", 0),
+                     lp_bound=m.get("lp_bound", ""))
                 for _, m in self.reports.values()]
 
     def adaptive_target(self, target_duration=None) -> int:

@@ -31,6 +31,7 @@ from dask_rl.config import public_dict
 from dask_rl.control.accounting import Accounting
 from dask_rl.control.launch import Discarded, LaunchPolicy
 from dask_rl.control.replay import TrajectoryReplay
+from dask_rl.control.scaling import Load, lp_allocation
 from dask_rl.control.schedule import EvalSchedule, learner_seed, learning_rate
 from dask_rl.data import Evaluation, LearnerReport
 from dask_rl.data.summary import LearnerSummary
@@ -53,6 +54,7 @@ from dask_rl.staleness import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
+ALLOCATE_EVERY_S = 5.0  # how often TianJi's allocation is solved again on an adaptive cluster
 LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already in flight
 
 
@@ -106,6 +108,8 @@ class Driver(Trainer):
         self.last_load_report = 0.0
         self.last_progress = time.time()  # when a task last finished (the stall watchdog)
         self.last_rescale = 0.0
+        self.allocation = None      # TianJi's allocation, on adaptive clusters
+        self.last_allocation = 0.0
         # per-trainer hyperparameters (population-based training): learner.lr and algo.*
         self.hparams: dict[str, float] = {}
 
@@ -240,6 +244,7 @@ class Driver(Trainer):
                 self.check_heartbeat()
                 self._check_stop()
                 self._rescale()
+                self._allocate()
                 self._launch()
                 self._maybe_evaluate()
                 self._maybe_confirm()
@@ -430,24 +435,79 @@ class Driver(Trainer):
                                      "paused_workers": len(paused), "workers": len(workers)})
         self.last_progress = now
 
+    def _load(self) -> Load:
+        """What this trainer wants, as the scheduler's adaptive policy sees it."""
+        a = self.allocation
+        return Load(rollout_running=self.policy.rollouts_in_flight, ready=len(self.policy.ready),
+                    learner_running=self.policy.learners_in_flight,
+                    max_learners=self.cfg.learner.max_learners,
+                    rollout_s=self.accounting.rollout_s, learner_s=self.accounting.learner_s,
+                    learners_on_gpu=self.cfg.learner.gpus > 0, max_threads=self._max_threads(),
+                    lp_actors=a.actors if a else 0, lp_learners=a.learners if a else 0,
+                    lp_bound=a.bound if a else "")
+
     def _report_load(self) -> None:
         """Tell the scheduler's adaptive policy what this trainer wants (once a second)."""
         now = time.time()
         if now - self.last_load_report < 1.0:
             return
         self.last_load_report = now
+        load = self._load()
         self.client.log_event(LOAD_TOPIC, {
-            "run": self.run_name, "rollouts": self.policy.rollouts_in_flight,
-            "ready": len(self.policy.ready), "learners": self.policy.learners_in_flight,
-            "max_learners": self.cfg.learner.max_learners,
+            "run": self.run_name, "rollouts": load.rollout_running, "ready": load.ready,
+            "learners": load.learner_running, "max_learners": load.max_learners,
+            "rollout_s": load.rollout_s, "learner_s": load.learner_s,
+            "gpu": load.learners_on_gpu, "lp_actors": load.lp_actors,
+            "lp_learners": load.lp_learners, "lp_bound": load.lp_bound, "time": now})
+
+    def _max_threads(self) -> int:
+        """The most threads this trainer may get: ``cluster.adapt``'s maximum workers times the
+        threads per worker; 0 on a fixed cluster, with ``rollout.slots`` fixed, or for replay
+        learners (which TianJi's allocation does not size yet: see
+        :mod:`dask_rl.control.allocation`)."""
+        adapt = self.cfg.cluster.adapt
+        if adapt is None or self.cfg.rollout.slots or self.sampled is not None:
+            return 0
+        nthreads = list(self.client.nthreads().values()) or [self.cfg.cluster.threads_per_worker]
+        return adapt.maximum * max(1, round(sum(nthreads) / len(nthreads)))
+
+    def _allocate(self) -> None:
+        """TianJi's allocation on an adaptive cluster (every ``ALLOCATE_EVERY_S``): solve the
+        max-min LP for the measured task times and run its actor count as rollout slots; the
+        load report carries it to the scheduler, which sizes the cluster for it. Each change is
+        an ``allocation`` record (shown on the ``/rl`` page)."""
+        now = time.time()
+        if now - self.last_allocation < ALLOCATE_EVERY_S:
+            return
+        self.last_allocation = now
+        a = lp_allocation(self._load())
+        if a is None:
+            return
+        old = self.allocation
+        self.allocation = a
+        if old is not None and (old.actors, old.learners) == (a.actors, a.learners):
+            return
+        self.metrics.write("allocation", {
+            "actors": a.actors, "learners": a.learners, "bound": a.bound,
+            "lp_actors": a.lp_actors, "lp_learners": a.lp_learners,
+            "actor_rate": a.actor_rate, "learner_rate": a.learner_rate,
             "rollout_s": self.accounting.rollout_s, "learner_s": self.accounting.learner_s,
-            "gpu": self.cfg.learner.gpus > 0, "time": now})
+            "max_threads": self._max_threads(), "env_steps": self.env_steps,
+            "wall_s": self.elapsed()})
+        logger.info("TianJi allocation: %d rollout slots, %d learners (%s-bound; %.2f s per "
+                    "rollout, %.2f s per learner task)", a.actors, a.learners, a.bound,
+                    self.accounting.rollout_s, self.accounting.learner_s)
+        if a.actors != self.policy.slots:
+            self.policy.resize(a.actors)
+            self.slot_workers = place_slots(self.client, a.actors)
 
     def _rescale(self) -> None:
         """Follow the cluster as workers come and go (adaptive scaling, failures).
 
         Rollout slots are spread over the current workers again, and, unless
-        ``rollout.slots`` fixes it, there is one slot per worker thread. Learners follow on
+        ``rollout.slots`` fixes it, there is one slot per worker thread (on an adaptive
+        cluster, once task times are measured, as many as TianJi's allocation gives the
+        actors: :meth:`_allocate`). Learners follow on
         their own: one is launched per completed trajectory, so more slots mean more
         learners, up to ``learner.max_learners`` (Stellaris' orchestration).
         """
@@ -459,7 +519,8 @@ class Driver(Trainer):
             return
         self.known_workers = set(nthreads)
         old = self.policy.slots
-        new = self.cfg.rollout.slots or sum(nthreads.values())
+        new = (self.cfg.rollout.slots or (self.allocation.actors if self.allocation else 0)
+               or sum(nthreads.values()))
         self.policy.resize(new)
         self.slot_workers = place_slots(self.client, new)
         self.metrics.write("rescale", {"slots": new, "previous": old, "workers": len(nthreads),

@@ -12,8 +12,10 @@ algorithm's family is ``replay``, e.g. DQN):
   per ``B_s`` rows and pushes its delta to the parameter actor, exactly once;
 * before each learner, :class:`~dask_rl.control.replay.SampleStaleness` measures
   ``P = B_s / N_s``, grows the buffer (or, at its cap, shrinks the batch) when ``P`` is above
-  the tolerance, and sets the learner's rate to ``alpha / (1 + lambda P)``; each decision is a
-  ``replay`` record in ``metrics.jsonl``.
+  the tolerance, and sets the learner's rate to ``alpha / (1 + lambda P)`` — ``alpha`` is
+  ``learner.lr``, annealed linearly to 0 over the budget when ``learner.anneal_lr`` (the
+  default; DQN's papers keep it constant, so ``dqn_cartpole.yaml`` sets it false); each
+  decision is a ``replay`` record in ``metrics.jsonl``.
 
 The launch policy runs ``max_learners`` sampled learners whenever the buffer holds
 ``learning_starts`` transitions; rollouts wait only while the learners are behind the

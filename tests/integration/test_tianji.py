@@ -90,3 +90,51 @@ def test_dqn_solves_cartpole_through_the_cli(pipelines, tmp_path):
     s = json.loads((run / "summary.json").read_text())
     assert s["algorithm"] == "dqn" and s["solved"], s
     assert s["confirmation"]["episodes"] == 100 and s["confirmation"]["mean_return"] >= 475
+
+
+def _time_mean(steps, start, end):
+    """The time-weighted mean of a step function given as (time, value) changes."""
+    total, (t_prev, v_prev) = 0.0, steps[0]
+    for t, v in steps[1:] + [(end, None)]:
+        lo, hi = max(t_prev, start), min(t, end)
+        if hi > lo:
+            total += (hi - lo) * v_prev
+        t_prev, v_prev = t, v
+    return total / (end - start)
+
+
+@pytest.mark.slow
+def test_an_adaptive_cluster_settles_on_tianjis_allocation(pipelines, tmp_path):
+    # learning a trajectory (16 epochs) takes several times a rollout, so the staleness bound
+    # (2 learners) binds and one or two rollout slots keep them busy: not all 4 workers
+    run = tmp_path / "adaptive"
+    dask_rl.train(pipelines / "ppo_cartpole.yaml", run_dir=run, overrides=[
+        "learner.max_learners=2", "learner.epochs=16", "stop.env_steps=80000",
+        "stop.solve_on_target=false", "stop.eval_every_updates=0", "checkpoint.every_s=0",
+        "cluster.n_workers=2", "cluster.dashboard=false", "cluster.adapt.minimum=1",
+        "cluster.adapt.maximum=4", "cluster.adapt.interval_s=0.5",
+        "cluster.adapt.wait_count=2"])
+    records = read_metrics(run / "metrics.jsonl")
+    allocations = [r for r in records if r["kind"] == "allocation"]
+    assert allocations, "no allocation was made"
+    final = allocations[-1]
+    # the max-min optimum for the run's own measured task times, by enumeration: every split
+    # of 4 threads with 1-2 learners, ties to the fewest threads
+    r_l, r_a = 1 / final["learner_s"], 1 / final["rollout_s"]
+    best = max(((n_l, n_a) for n_l in (1, 2) for n_a in (1, 2, 3) if n_l + n_a <= 4),
+               key=lambda x: (min(x[0] * r_l, x[1] * r_a), -(x[0] + x[1])))
+    assert (final["learners"], final["actors"]) == best, final
+    assert final["max_threads"] == 4
+    n_l, n_a = best
+    # after the last change, the cluster holds n_l + n_a workers and n_l learners run: each
+    # within 20% of the allocation, time-weighted over the rest of the run
+    start = next(r for r in records if r["kind"] == "run")["time"]
+    end = records[-1]["time"]
+    settle = final["time"] + 10.0
+    assert end - settle > 10.0, "the run ended before the allocation settled"
+    workers = [(start, 2)] + [(r["time"], r["workers"]) for r in records
+                              if r["kind"] == "rescale"]
+    assert _time_mean(workers, settle, end) == pytest.approx(n_l + n_a, rel=0.2), workers
+    in_flight = [r["learners/in_flight"] for r in records
+                 if r["kind"] == "learner" and r["time"] > settle]
+    assert sum(in_flight) / len(in_flight) == pytest.approx(n_l, rel=0.2), in_flight

@@ -66,3 +66,11 @@ def test_the_operating_rules_of_the_tuning_guide():
     assert operating_rule(0.35) == "more_learners"
     assert operating_rule(0.05) == "larger_batch"
     assert operating_rule(0.2) is None and operating_rule(0.3) is None
+
+
+def test_one_learner_faster_than_every_actor_is_the_floor_not_a_balance():
+    # a learner absorbs 100 trajectories/s, an actor makes 1/s: the balanced split would give
+    # learners 4 / 101 of a slot, under the one every run needs; 1 learner, 3 actors
+    a = balance(learner_rate=100.0, actor_rate=1.0, slots=4)
+    assert (a.learners, a.actors, a.bound) == (1, 3, "floor")
+    assert a.throughput == 3.0

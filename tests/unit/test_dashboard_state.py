@@ -22,6 +22,8 @@ def _records():
     yield {"kind": "checkpoint", "run": "r1", "time": 9.5, "env_steps": 2560, "seconds": 0.2,
            "name": "ckpt-00000001"}
     yield {"kind": "recovery", "run": "r1", "time": 9.7, "env_steps": 2560, "reason": "lost"}
+    yield {"kind": "allocation", "run": "r1", "time": 9.8, "env_steps": 2560, "wall_s": 8.8,
+           "actors": 1, "learners": 2, "bound": "staleness"}
     yield {"kind": "lineage", "run": "pbt", "time": 10.0, "event": "exploit", "member": 2,
            "parent": 0, "hparams": {"learner.lr": 2e-4}, "env_steps": 1000}
 
@@ -32,7 +34,7 @@ def test_views_collect_series_and_latest_state():
         views.add(rec)
     views.add("not a record")
     snap = json.loads(json.dumps(views.snapshot()))  # JSON-ready
-    assert snap["records"] == 11
+    assert snap["records"] == 12
     r1 = snap["runs"]["r1"]
     assert r1["info"] == {"algorithm": "ppo", "env_id": "CartPole-v1", "strategy": "stellaris",
                           "started": 1.0}
@@ -40,6 +42,7 @@ def test_views_collect_series_and_latest_state():
     assert r1["staleness_histogram"] == [3, 2, 0]
     assert r1["latest"]["threshold/beta"] == 1.5 and r1["latest"]["eval_return"] == 55.0
     assert len(r1["series"]["recovery"]) == 1 and len(r1["series"]["checkpoint"]) == 1
+    assert r1["latest"]["allocation"]["actors"] == 1
     assert snap["runs"]["pbt"]["population"] == [
         {"member": 2, "parent": 0, "score": None, "hparams": {"learner.lr": 2e-4},
          "env_steps": 1000}]
@@ -62,3 +65,6 @@ def test_the_page_builds_every_figure_and_fills_its_sources():
     assert doc.get_model_by_name("histogram").data["count"] == [3, 2, 0]
     assert doc.get_model_by_name("population").source.data["member"] == [2]
     assert "ppo on CartPole-v1" in doc.get_model_by_name("header").text
+    assert "TianJi allocation: rollout slots 1, learners 2 (staleness-bound)" in \
+        doc.get_model_by_name("header").text
+    assert doc.get_model_by_name("allocation").data["learners"] == [2]

@@ -56,19 +56,6 @@ def test_a_worked_example():
     np.testing.assert_allclose(got, [2.0, 2.0, 18.0, 28.0])
 
 
-def test_double_q_lets_the_online_network_choose_and_the_target_network_value():
-    rng = np.random.default_rng(0)
-    online = rng.normal(size=(6, 4, 3))
-    target = rng.normal(size=(6, 4, 3))
-    got = dqn.double_q_bootstrap(online, target)
-    for t in range(6):
-        for i in range(4):
-            best = max(range(3), key=lambda a: online[t, i, a])
-            assert got[t, i] == target[t, i, best]
-    # not the target network's own max (that would be plain DQN's overestimating target)
-    assert not np.allclose(got, target.max(-1))
-
-
 def test_the_loss_is_huber_of_the_taken_actions_error():
     q = torch.tensor([[1.0, 5.0], [0.0, -2.0], [3.0, 3.0]])
     actions = torch.tensor([1, 0, 1])
