@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ from dask_rl.config import (
     ConfigError,
     PipelineConfig,
     apply_overrides,
+    check_environment,
     from_dict,
     load_pipeline,
     to_dict,
@@ -41,10 +43,26 @@ def resolve(pipeline: str | os.PathLike | PipelineConfig | dict,
     if isinstance(pipeline, PipelineConfig):
         if not overrides:
             return pipeline
-        return from_dict(apply_overrides(to_dict(pipeline), overrides))
+        cfg = from_dict(apply_overrides(to_dict(pipeline), overrides), check_env=False)
+        if callable(pipeline.env.entry_point) and cfg.env.entry_point == pipeline.env.name:
+            # to_dict wrote the callable as text; the object itself is what workers unpickle
+            cfg = dataclasses.replace(cfg, env=dataclasses.replace(
+                cfg.env, entry_point=pipeline.env.entry_point))
+        check_environment(cfg)
+        return cfg
     if isinstance(pipeline, dict):
         return from_dict(apply_overrides(pipeline, overrides or []))
     return load_pipeline(pipeline, overrides)
+
+
+def with_env(cfg: PipelineConfig, env: Callable[..., Any] | str) -> PipelineConfig:
+    """``cfg`` training ``env`` (an entry point: a callable or ``"module:name"``), checked."""
+    if not (callable(env) or isinstance(env, str)):
+        raise ConfigError(f"env: expected a gymnasium.Env class, a function or 'module:name', "
+                          f"got {env!r}")
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, entry_point=env))
+    check_environment(cfg)
+    return cfg
 
 
 def trainer_class(cfg: PipelineConfig) -> type:
@@ -155,8 +173,21 @@ def check_memory(cfg: PipelineConfig, worker_bytes: int | None) -> None:
 
     obs_space, _ = env_spaces(cfg.env)
     need = rollout_bytes(cfg.env.num_envs, cfg.rollout.steps, obs_space.shape,
-                         obs_space.dtype.itemsize, env_family(cfg.env.id))
+                         obs_space.dtype.itemsize, env_family(cfg.env))
     check_fits(need, worker_bytes, num_envs=cfg.env.num_envs, steps=cfg.rollout.steps)
+
+
+UPLOADABLE = (".py", ".zip", ".egg")
+
+
+def check_upload(paths: tuple[str, ...]) -> None:
+    """``cluster.upload`` names files Dask can send, or directories."""
+    for p in map(Path, paths):
+        if not p.exists():
+            raise ConfigError(f"cluster.upload: no such file or directory, got {str(p)!r}")
+        if p.is_file() and p.suffix not in UPLOADABLE:
+            raise ConfigError(f"cluster.upload: expected a {', '.join(UPLOADABLE)} file or a "
+                              f"directory, got {str(p)!r}")
 
 
 def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, client: Any = None,
@@ -168,6 +199,7 @@ def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, clien
 
     RunLock(run_dir).check()
     check_run_dir(cfg, run_dir, resume=resume)
+    check_upload(cfg.cluster.upload)
     embedded = client is None and address is None and cfg.cluster.kind == "local" \
         and cfg.cluster.address is None
     if embedded:
@@ -179,7 +211,7 @@ def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, clien
 
 def default_run_dir(cfg: PipelineConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = cfg.env.id.replace("/", "-").lower()
+    name = re.sub(r"[^a-z0-9_-]+", "-", cfg.env.name.lower()).strip("-")
     return Path("runs") / f"{cfg.algo.name}-{name}-{stamp}"
 
 
@@ -187,7 +219,8 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
           run_dir: str | os.PathLike | None = None, resume: bool = False,
           address: str | None = None, workers: int | None = None,
           overrides: list[str] | None = None,
-          progress: Callable[[Progress], None] | None = None, **fields: Any) -> RunResult:
+          progress: Callable[[Progress], None] | None = None,
+          env: Callable[..., Any] | str | None = None, **fields: Any) -> RunResult:
     """Train a pipeline; returns when a stop condition holds.
 
     Parameters
@@ -203,6 +236,12 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
         Continue from the latest checkpoint in ``run_dir``.
     overrides, **fields
         ``["learner.lr=1e-3"]`` strings, or keyword overrides ``learner__lr=1e-3``.
+    env
+        Your environment instead of the pipeline's: a ``gymnasium.Env`` class or a function
+        that returns one (called with ``env.kwargs``), or its ``"module:name"``. Workers get the
+        object by pickling: a class or function in an importable module travels by reference
+        (the module must be importable on the workers: installed in their image, or sent with
+        ``cluster.upload``), one defined in ``__main__`` or a notebook by value.
 
     Examples
     --------
@@ -215,6 +254,8 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
     overrides = list(overrides or [])
     overrides += [f"{k.replace('__', '.')}={json.dumps(v)}" for k, v in fields.items()]
     cfg = resolve(pipeline, overrides)
+    if env is not None:
+        cfg = with_env(cfg, env)
     if resume and run_dir is None:
         raise ConfigError("--resume needs the run directory to resume (--run-dir)")
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
@@ -224,6 +265,10 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
     from dask_rl.runtime.run_lock import RunLock
 
     def _run(c: Any) -> dict:
+        if cfg.cluster.upload:
+            from dask_rl.runtime.cluster import upload
+
+            upload(c, cfg.cluster.upload)
         if not embedded:
             from dask_rl.runtime.cluster import cluster_worker_bytes
 

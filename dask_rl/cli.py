@@ -95,7 +95,7 @@ def _validate(args: argparse.Namespace) -> int:
     from dask_rl.config import load_pipeline
 
     cfg = load_pipeline(args.pipeline, args.overrides)
-    print(f"ok: {cfg.algo.name} on {cfg.env.id}, aggregation {cfg.aggregation.strategy}, "
+    print(f"ok: {cfg.algo.name} on {cfg.env.name}, aggregation {cfg.aggregation.strategy}, "
           f"stop at {cfg.stop.env_steps} env steps")
     return 0
 
@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace) -> int:
     # that cannot go on ends with dask-rl's one line
     quiet_dask_logging([logging.CRITICAL, logging.ERROR, logging.DEBUG][min(args.verbose, 2)])
     bar = _Progress(enabled=not args.no_progress, total=cfg.stop.env_steps)
-    print(f"dask-rl: training {cfg.algo.name} on {cfg.env.id} -> {run_dir}", file=sys.stderr)
+    print(f"dask-rl: training {cfg.algo.name} on {cfg.env.name} -> {run_dir}", file=sys.stderr)
     try:
         result = train(cfg, run_dir=run_dir, resume=args.resume, address=args.address,
                        workers=args.workers, progress=bar.update)
@@ -196,7 +196,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     actor = state["actor"]
     snapshot = PolicySnapshot(int(actor["version"]), actor["params"], actor.get("moments"))
     result = evaluate(cfg, snapshot, episodes=args.episodes, seed=args.seed).record()
-    result.update({"checkpoint": name, "env_id": cfg.env.id, "algorithm": cfg.algo.name,
+    result.update({"checkpoint": name, "env_id": cfg.env.name, "algorithm": cfg.algo.name,
                    "env_steps": meta.get("env_steps")})
     print(json.dumps(result, indent=2))
     return 0

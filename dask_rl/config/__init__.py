@@ -7,6 +7,7 @@ directly; this package's names are for the layers above.
 
 from dask_rl.config.loader import (
     apply_overrides,
+    check_environment,
     from_dict,
     load_pipeline,
     public_dict,
@@ -23,5 +24,6 @@ from dask_rl.config.schema import (
 )
 
 __all__ = ["AggregationConfig", "AlgoConfig", "ClusterConfig", "ConfigError", "EnvConfig",
-           "ModelConfig", "PipelineConfig", "apply_overrides", "from_dict", "load_pipeline",
+           "ModelConfig", "PipelineConfig", "apply_overrides", "check_environment", "from_dict",
+           "load_pipeline",
            "public_dict", "to_dict"]

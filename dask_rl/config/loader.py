@@ -4,8 +4,8 @@ The loader rejects unknown keys, wrong types and out-of-range values with a
 :class:`~dask_rl.config.schema.ConfigError` whose message is one line naming the key path and
 the offending value, e.g. ``learner.lr: must be > 0, got -0.1``. It resolves the open
 variants against what is registered — ``algo.name`` in :mod:`dask_rl.algos.registry`,
-``aggregation.strategy`` in :mod:`dask_rl.staleness` — and checks that ``env.id`` can be made
-here (:func:`dask_rl.envs.check_env_id`), all before any cluster starts. Keys a section has
+``aggregation.strategy`` in :mod:`dask_rl.staleness` — and checks that the environment can be
+made here (:func:`dask_rl.envs.check_env`), all before any cluster starts. Keys a section has
 renamed (its ``renamed`` class attribute) are still read, with a warning.
 
 Examples
@@ -17,6 +17,7 @@ Examples
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import json
 import logging
@@ -33,6 +34,7 @@ from dask_rl.config.schema import (
     AlgoConfig,
     ConfigError,
     PipelineConfig,
+    entry_point_text,
 )
 
 __all__ = ["load_pipeline", "from_dict", "apply_overrides", "to_dict", "variant_classes"]
@@ -145,13 +147,26 @@ def from_dict(data: Mapping[str, Any], *, check_env: bool = True) -> PipelineCon
     _check_population(data)
     cfg = _build(PipelineConfig, {"algo": {}, "aggregation": {}, **data}, "")
     _check_replay(cfg)
+    env = data.get("env") if isinstance(data.get("env"), Mapping) else {}
+    if "id" in env and env.get("entry_point") is not None:
+        raise ConfigError(f"env: give id or entry_point, not both, got id {_show(env['id'])} "
+                          f"and entry_point {_show(env['entry_point'])}")
     if check_env:
-        from dask_rl.envs import check_env_id
-
-        problem = check_env_id(cfg.env.id)
-        if problem:
-            raise ConfigError(f"env.id: {problem}, got {cfg.env.id!r}")
+        check_environment(cfg)
     return cfg
+
+
+def check_environment(cfg: PipelineConfig) -> None:
+    """The pipeline's environment can be made and trained here (:func:`dask_rl.envs.check_env`),
+    else :class:`ConfigError` naming ``env.id`` or ``env.entry_point``."""
+    from dask_rl.algos import registry
+    from dask_rl.envs import check_env
+
+    family = registry.get(cfg.algo.name).family
+    problem = check_env(cfg.env, discrete_actions=family == "replay")
+    if problem:
+        key = "env.id" if cfg.env.entry_point is None else "env.entry_point"
+        raise ConfigError(f"{key}: {problem}, got {cfg.env.name!r}")
 
 
 def _check_replay(cfg: PipelineConfig) -> None:
@@ -239,8 +254,15 @@ def _retag(section: dict, name: str, key: str) -> None:
 
 
 def to_dict(cfg: Any) -> dict:
-    """A JSON-ready dict of a config (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+    """A JSON-ready dict of a config (tuples become lists; a callable ``env.entry_point``, given
+    from Python, becomes its ``module:name``)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=_jsonable))
+
+
+def _jsonable(value: Any) -> str:
+    if callable(value):
+        return entry_point_text(value)
+    raise TypeError(f"not JSON serializable: {value!r}")
 
 
 REDACTED = "<redacted>"
@@ -371,6 +393,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
         return dict(value)
+    if origin is collections.abc.Callable:
+        if not callable(value):
+            raise ConfigError(f"{path}: expected a callable, got {_show(value)}")
+        return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {_show(value)}")
@@ -382,6 +408,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 def _describe_type(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return " or ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is collections.abc.Callable:
+        return "a callable"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
         tp, getattr(tp, "__name__", str(tp)))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 __all__ = ["ConfigError", "option", "AlgoConfig", "AggregationConfig", "EnvConfig",
            "ModelConfig", "RolloutConfig", "LearnerConfig", "StopConfig", "CheckpointConfig",
@@ -68,9 +68,15 @@ class AggregationConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-    id: str = option("CartPole-v1", "Gymnasium id, e.g. CartPole-v1, ALE/Pong-v5, Hopper-v5")
+    id: str = option("CartPole-v1", "Gymnasium id, e.g. CartPole-v1, ALE/Pong-v5, Hopper-v5, or "
+                                    "module:id for an environment that module registers when "
+                                    "imported (Gymnasium's own form, e.g. my_pkg.envs:MyEnv-v0)")
+    entry_point: str | Callable[..., Any] | None = option(
+        None, "instead of an id: module:name of a function or gymnasium.Env class that makes "
+              "one environment, called with env.kwargs (from Python, the callable itself)")
     num_envs: int = option(4, "environments stepped together by one rollout task", ge=1)
-    kwargs: dict = option(doc="extra keyword arguments for gymnasium.make", default_factory=dict)
+    kwargs: dict = option(doc="extra keyword arguments for gymnasium.make or env.entry_point",
+                          default_factory=dict)
     frame_stack: int = option(4, "Atari only: frames stacked per observation", ge=1)
     noop_max: int = option(30, "Atari only: random no-ops at reset", ge=0)
     episodic_life: bool = option(True, "Atari only: a lost life ends the training episode")
@@ -78,6 +84,21 @@ class EnvConfig:
     normalize_obs: bool = option(False, "normalise observations by their running mean/std")
     normalize_reward: bool = option(False, "scale rewards by the running std of discounted "
                                            "returns, clipped to +-10 (MuJoCo)")
+
+    @property
+    def name(self) -> str:
+        """What the run calls its environment: the id, or the entry point as module:name."""
+        if self.entry_point is None:
+            return self.id
+        return entry_point_text(self.entry_point)
+
+
+def entry_point_text(entry_point: Any) -> str:
+    """``module:name`` of an entry point given as text or as the callable itself."""
+    if isinstance(entry_point, str):
+        return entry_point
+    module = getattr(entry_point, "__module__", None) or "?"
+    return f"{module}:{getattr(entry_point, '__qualname__', repr(entry_point))}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,6 +244,11 @@ class ClusterConfig:
                                   "Kubernetes clusters (it samples every thread every 10 ms, "
                                   "slows rollouts ~15% and keeps ~110 MB of history per worker)")
     adapt: AdaptConfig | None = option(None, "scale workers to the RL workload (None: fixed)")
+    upload: tuple[str, ...] = option((), "your code for the workers, sent before the run (and to "
+                                         "workers that join later) with Dask's "
+                                         "Client.upload_file: .py, .zip or .egg files, or "
+                                         "directories (zipped: a package directory is sent as "
+                                         "that package, any other directory as its contents)")
     security: SecurityConfig | None = option(None, "TLS for kind address (tls:// schedulers)")
     kubernetes: KubernetesConfig = option(doc="kind kubernetes: the cluster to create",
                                           default_factory=KubernetesConfig)

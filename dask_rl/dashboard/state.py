@@ -88,7 +88,8 @@ class _Run:
             if rec.get("event") == "start":
                 cfg = rec.get("config") or {}
                 self.info = {"algorithm": (cfg.get("algo") or {}).get("name"),
-                             "env_id": (cfg.get("env") or {}).get("id"),
+                             "env_id": ((cfg.get("env") or {}).get("entry_point")
+                                        or (cfg.get("env") or {}).get("id")),
                              "strategy": (cfg.get("aggregation") or {}).get("strategy"),
                              "started": t}
             else:

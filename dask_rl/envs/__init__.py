@@ -1,4 +1,4 @@
-"""Environment factory: Gymnasium ids to seeded vector environments.
+"""Environment factory: Gymnasium ids (or your own entry points) to seeded vector environments.
 
 Every vector env made here autoresets in the *same step* (an episode's last transition returns
 the first observation of the next episode, the final observation sits in ``info["final_obs"]``),
@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from gymnasium.envs import registration
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from dask_rl.config.schema import EnvConfig
 
-__all__ = ["make_env", "make_vector_env", "env_spaces", "check_env_id", "env_family", "is_atari",
-           "reward_threshold", "episode_stats"]
+__all__ = ["make_env", "make_vector_env", "env_spaces", "check_env", "env_family", "is_atari",
+           "reward_threshold", "solved_episodes", "episode_stats"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,13 +34,31 @@ def _register_optional() -> None:
         pass
 
 
-def is_atari(env_id: str) -> bool:
-    """True for Arcade Learning Environment ids (``ALE/Pong-v5``, ``PongNoFrameskip-v4``)."""
+def _spec(env_id: str) -> registration.EnvSpec:
+    """The registration of ``env_id``; ``module:id`` imports ``module`` first (Gymnasium's form
+    for environments a package registers when imported). Raises ``gym.error.Error`` or
+    ``ImportError``."""
     _register_optional()
+    module, _, name = env_id.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    return gym.spec(name)
+
+
+def _registered(env_id: str) -> registration.EnvSpec | None:
     try:
-        spec = gym.spec(env_id)
-    except gym.error.Error:
-        return env_id.startswith("ALE/")
+        return _spec(env_id)
+    except (gym.error.Error, ImportError):
+        return None
+
+
+def is_atari(env: EnvConfig) -> bool:
+    """True for Arcade Learning Environment ids (``ALE/Pong-v5``, ``PongNoFrameskip-v4``)."""
+    if env.entry_point is not None:
+        return False
+    spec = _registered(env.id)
+    if spec is None:
+        return env.id.startswith("ALE/")
     return "ale_py" in str(spec.entry_point)
 
 
@@ -47,38 +66,130 @@ def is_atari(env_id: str) -> bool:
 EXTRAS = {"atari": "Atari", "mujoco": "MuJoCo"}
 
 
-def env_family(env_id: str) -> str | None:
-    """``atari``, ``mujoco`` or None (classic control and other Gymnasium environments)."""
-    if is_atari(env_id):
+def env_family(env: EnvConfig) -> str | None:
+    """``atari``, ``mujoco`` or None (classic control, other Gymnasium environments, yours)."""
+    if is_atari(env):
         return "atari"
-    try:
-        entry_point = str(gym.spec(env_id).entry_point)
-    except gym.error.Error:
-        return None
-    return "mujoco" if "mujoco" in entry_point else None
+    spec = _registered(env.id) if env.entry_point is None else None
+    return "mujoco" if spec is not None and "mujoco" in str(spec.entry_point) else None
 
 
-def check_env_id(env_id: str) -> str | None:
-    """None if ``env_id`` can be made here, else a one-line reason.
+def check_env(env: EnvConfig, *, discrete_actions: bool = False) -> str | None:
+    """None if ``env`` can be made and trained here, else a one-line reason (said before any
+    cluster starts).
 
-    The environment's module is imported (not only its registration looked up), so a missing
-    dependency is found before any cluster starts, and the reason names the extra that
-    installs it, e.g. ``pip install 'dask-rl[mujoco]'``.
+    A Gymnasium id: its module is imported (not only its registration looked up), so a missing
+    dependency is found here, and the reason names the extra that installs it, e.g.
+    ``pip install 'dask-rl[mujoco]'``. Your environment (``module:id`` or ``entry_point``): its
+    code is imported, one environment is made, reset and stepped once, and its spaces are
+    checked (observations: Box, or Discrete/MultiDiscrete/MultiBinary/Dict/Tuple, flattened
+    to a vector; actions: Box, Discrete, MultiDiscrete; only Discrete with
+    ``discrete_actions``, for value-based algorithms).
     """
+    if env.entry_point is not None:
+        problem = _creator_problem(env.entry_point)
+        return problem or _round_trip(env, discrete_actions)
     _register_optional()
+    module = env.id.rpartition(":")[0]
     try:
-        spec = gym.spec(env_id)
+        spec = _spec(env.id)
+    except ImportError as e:
+        return f"cannot import {module} ({_one_line(e)})"
     except gym.error.Error:
-        if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
+        if module:
+            return f"importing {module} does not register {env.id.rpartition(':')[2]!r}"
+        if env.id.startswith("ALE/") or "NoFrameskip" in env.id:
             return _needs_extra("atari", "ale_py is not installed")
         return "unknown Gymnasium environment id"
-    family = env_family(env_id)
+    family = env_family(env)
     missing = _missing_module(spec.entry_point, family)
-    if missing is None:
+    if missing is not None:
+        if family is None:
+            return f"this environment needs a module that is not installed ({missing})"
+        return _needs_extra(family, missing)
+    if module or discrete_actions:  # yours, or an algorithm that needs Discrete actions
+        return _round_trip(env, discrete_actions)
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
+def _creator(entry_point: Any) -> Callable[..., Any]:
+    """The function or class an entry point names (or is)."""
+    if callable(entry_point):
+        return entry_point
+    return registration.load_env_creator(entry_point)
+
+
+def _creator_problem(entry_point: Any) -> str | None:
+    if callable(entry_point):
         return None
-    if family is None:
-        return f"this environment needs a module that is not installed ({missing})"
-    return _needs_extra(family, missing)
+    module, sep, attr = str(entry_point).partition(":")
+    if not sep or not module or not attr:
+        return "expected module:name, e.g. my_pkg.envs:make_env"
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        return f"cannot import {module} ({_one_line(e)})"
+    except Exception as e:  # the module itself fails to import
+        return f"importing {module} failed ({_one_line(e)})"
+    try:
+        _creator(entry_point)
+    except (AttributeError, ValueError):
+        return f"{module} has no {attr!r}"
+    return None
+
+
+OBS_FLATTENED = (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Dict,
+                 spaces.Tuple)
+ACTIONS = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete)
+
+
+def _round_trip(env: EnvConfig, discrete_actions: bool) -> str | None:
+    """Make one environment, check its spaces, reset and step it once (before any wrapper of
+    ours, so that the env's own API is what is checked); a one-line reason if anything fails."""
+    try:
+        made = _make_raw(env, training=True)
+    except Exception as e:
+        return f"making the environment failed ({_one_line(e)})"
+    try:
+        obs_space, act_space = _wrap(made).observation_space, made.action_space
+        if not isinstance(obs_space, spaces.Box):
+            return (f"observation space {made.observation_space} is not supported (Box, or "
+                    f"one of {', '.join(t.__name__ for t in OBS_FLATTENED)}, flattened)")
+        if not isinstance(act_space, ACTIONS):
+            return (f"action space {act_space} is not supported (dask-rl acts in Box, "
+                    f"Discrete and MultiDiscrete spaces)")
+        if discrete_actions and not isinstance(act_space, spaces.Discrete):
+            return f"action space {act_space}: this algorithm needs Discrete actions"
+        if np.any(getattr(act_space, "start", 0) != 0):
+            return f"action space {act_space}: only a start of 0 is supported"
+        if isinstance(act_space, spaces.MultiDiscrete) and act_space.nvec.ndim != 1:
+            return f"action space {act_space}: only a 1-D MultiDiscrete is supported"
+        out = made.reset(seed=0)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            return "reset() must return (obs, info), Gymnasium's API"
+        if not made.observation_space.contains(out[0]):
+            return (f"reset() returned an observation outside the observation space "
+                    f"{made.observation_space}")
+        act_space.seed(0)
+        out = made.step(act_space.sample())
+        if not (isinstance(out, tuple) and len(out) == 5):
+            n = len(out) if isinstance(out, tuple) else type(out).__name__
+            return (f"step() returned {n} values; Gymnasium's API returns 5 (obs, reward, "
+                    f"terminated, truncated, info)")
+        if np.ndim(out[1]) != 0 or not np.isfinite(float(out[1])):
+            return f"step() returned a reward that is not a finite number: {out[1]!r}"
+    except Exception as e:
+        return f"reset/step failed ({_one_line(e)})"
+    finally:
+        try:
+            made.close()
+        except Exception:
+            pass
+    return None
 
 
 def _needs_extra(family: str, missing: str) -> str:
@@ -103,35 +214,57 @@ def _missing_module(entry_point: Any, family: str | None) -> str | None:
     return None
 
 
-def reward_threshold(env_id: str) -> float | None:
+def reward_threshold(env: EnvConfig) -> float | None:
     """The env's registered ``reward_threshold`` (e.g. 475 for CartPole-v1), if any."""
-    _register_optional()
-    return gym.spec(env_id).reward_threshold
+    spec = _registered(env.id) if env.entry_point is None else None
+    return spec.reward_threshold if spec is not None else None
 
 
 STANDARD_EPISODES = 100   # Gym's definition of solving its classic tasks: a mean over 100 episodes
 OTHER_EPISODES = 20       # our stated number where the env defines none (Atari, MuJoCo, yours)
 
 
-def solved_episodes(env_id: str) -> int:
-    """Episodes a confirming evaluation averages before a run on ``env_id`` is called solved:
+def solved_episodes(env: EnvConfig) -> int:
+    """Episodes a confirming evaluation averages before a run on ``env`` is called solved:
     100 for classic-control and Box2D tasks (Gym defines e.g. CartPole-v1 as solved at a mean of
     475 over 100 consecutive episodes), :data:`OTHER_EPISODES` for envs without a standard."""
-    _register_optional()
-    entry = gym.spec(env_id).entry_point
+    spec = _registered(env.id) if env.entry_point is None else None
+    entry = spec.entry_point if spec is not None else ""
     name = entry if isinstance(entry, str) else getattr(entry, "__module__", "")
     if name.startswith(("gymnasium.envs.classic_control", "gymnasium.envs.box2d")):
         return STANDARD_EPISODES
     return OTHER_EPISODES
 
 
-def _make_one(cfg: EnvConfig, training: bool) -> gym.Env:
-    if is_atari(cfg.id):
+def _make_raw(cfg: EnvConfig, training: bool) -> gym.Env:
+    """The environment as its maker returns it (Atari: with its preprocessing)."""
+    if cfg.entry_point is not None:
+        env = _creator(cfg.entry_point)(**cfg.kwargs)
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"env.entry_point {cfg.name} returned {type(env).__name__}, "
+                            f"not a gymnasium.Env")
+        return env
+    if is_atari(cfg):
         from dask_rl.envs.atari import make_atari
 
         return make_atari(cfg, training=training)
-    env = gym.make(cfg.id, **cfg.kwargs)
-    return gym.wrappers.RecordEpisodeStatistics(env)
+    return gym.make(cfg.id, **cfg.kwargs)
+
+
+def _wrap(env: gym.Env) -> gym.Env:
+    """Observations other than a Box become a float32 vector (Gymnasium's own flattening)."""
+    if isinstance(env.observation_space, OBS_FLATTENED):
+        env = gym.wrappers.FlattenObservation(env)
+        if env.observation_space.dtype != np.float32:  # one-hot parts make it int64/float64
+            env = gym.wrappers.DtypeObservation(env, np.float32)
+    return env
+
+
+def _make_one(cfg: EnvConfig, training: bool) -> gym.Env:
+    env = _make_raw(cfg, training)
+    if is_atari(cfg):  # make_atari records episode statistics before its reward wrappers
+        return env
+    return gym.wrappers.RecordEpisodeStatistics(_wrap(env))
 
 
 def make_env(cfg: EnvConfig, *, training: bool = False) -> gym.Env:

@@ -32,7 +32,7 @@ def make_model(obs_space: spaces.Space, action_space: spaces.Space, cfg: ModelCo
     ``normalize_obs`` adds running observation statistics (buffers, not parameters), set with
     ``model.obs_norm.set_moments``.
     """
-    if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
+    if not isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)):
         raise ValueError(f"unsupported action space {action_space}")
     if not isinstance(obs_space, spaces.Box):
         raise ValueError(f"unsupported observation space {obs_space}")

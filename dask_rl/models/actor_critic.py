@@ -69,7 +69,36 @@ class DiagGaussianDist:
         return self.mean
 
 
-ActionDist = CategoricalDist | DiagGaussianDist
+class MultiCategoricalDist:
+    """Independent categoricals, one per component of a MultiDiscrete action (logits split by
+    its ``nvec``): log-probabilities and entropies are summed over the components."""
+
+    def __init__(self, logits: torch.Tensor, nvec: list[int]):
+        self.parts = [CategoricalDist(x) for x in torch.split(logits, nvec, -1)]
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        return torch.stack([d.log_prob(actions[..., i]) for i, d in enumerate(self.parts)],
+                           -1).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return torch.stack([d.entropy() for d in self.parts], -1).sum(-1)
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.stack([d.sample(generator) for d in self.parts], -1)
+
+    def mode(self) -> torch.Tensor:
+        return torch.stack([d.mode() for d in self.parts], -1)
+
+
+ActionDist = CategoricalDist | MultiCategoricalDist | DiagGaussianDist
+
+
+def _head_width(action_space: spaces.Space) -> int:
+    if isinstance(action_space, spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return int(action_space.nvec.sum())
+    return int(np.prod(action_space.shape))
 
 
 class _Policy(nn.Module):
@@ -79,17 +108,19 @@ class _Policy(nn.Module):
 
     def _init_head(self, n_features: int, action_space: spaces.Space, log_std_init: float) -> None:
         self.discrete = isinstance(action_space, spaces.Discrete)
-        if self.discrete:
-            self.pi_head = _layer(n_features, int(action_space.n), gain=0.01)
-        else:
-            dim = int(np.prod(action_space.shape))
-            self.pi_head = _layer(n_features, dim, gain=0.01)
+        self.nvec = ([int(n) for n in action_space.nvec]
+                     if isinstance(action_space, spaces.MultiDiscrete) else None)
+        dim = _head_width(action_space)
+        self.pi_head = _layer(n_features, dim, gain=0.01)
+        if not self.discrete and self.nvec is None:
             self.log_std = nn.Parameter(torch.full((dim,), float(log_std_init)))
 
     def _dist(self, features: torch.Tensor) -> ActionDist:
         out = self.pi_head(features)
         if self.discrete:
             return CategoricalDist(out)
+        if self.nvec is not None:
+            return MultiCategoricalDist(out, self.nvec)
         return DiagGaussianDist(out, self.log_std)
 
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
@@ -193,7 +224,8 @@ class NatureCNNActorCritic(_Policy):
 
 class DeterministicPolicy(nn.Module):
     """An MLP from observations to actions, for evolution strategies: argmax over logits for
-    discrete actions, the output clipped to the bounds for continuous ones."""
+    discrete actions (per component for MultiDiscrete), the output clipped to the bounds for
+    continuous ones."""
 
     def __init__(self, obs_space: spaces.Box, action_space: spaces.Space, cfg: ModelConfig,
                  *, normalize_obs: bool = False):
@@ -201,9 +233,10 @@ class DeterministicPolicy(nn.Module):
         n_in, self.obs_norm, act = _input(obs_space, cfg, normalize_obs)
         self.body, n_feat = _mlp(n_in, cfg.hidden, act)
         self.discrete = isinstance(action_space, spaces.Discrete)
-        n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        self.head = _layer(n_feat, n_out, gain=0.01)
-        if not self.discrete:
+        self.nvec = ([int(n) for n in action_space.nvec]
+                     if isinstance(action_space, spaces.MultiDiscrete) else None)
+        self.head = _layer(n_feat, _head_width(action_space), gain=0.01)
+        if not self.discrete and self.nvec is None:
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
@@ -212,6 +245,8 @@ class DeterministicPolicy(nn.Module):
         out = self.head(self.body(_flat_obs(obs, self.obs_norm)))
         if self.discrete:
             return out.argmax(-1)
+        if self.nvec is not None:
+            return torch.stack([x.argmax(-1) for x in torch.split(out, self.nvec, -1)], -1)
         return torch.max(torch.min(out, self.high), self.low)
 
 

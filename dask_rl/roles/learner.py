@@ -58,7 +58,7 @@ class Learner:
                                 normalize_obs=cfg.env.normalize_obs).to(self.device)
         self.flat, self.grad = flatten_(self.model)
         self._peer: torch.nn.Module | None = None  # evaluates other learners' policies
-        self.clip_rewards = is_atari(cfg.env.id) and cfg.env.clip_rewards
+        self.clip_rewards = is_atari(cfg.env) and cfg.env.clip_rewards
 
     def rewards(self, traj: Trajectory, snapshot: PolicySnapshot) -> np.ndarray:
         """The rewards the loss sees: sign-clipped (Atari) or scaled by the running std of

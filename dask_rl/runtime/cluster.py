@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
+import zipfile
+from pathlib import Path
 from typing import Iterator
 
 import dask
@@ -66,6 +69,26 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
             yield client
     finally:
         cluster.close()
+
+
+def upload(client: Client, paths: tuple[str, ...]) -> None:
+    """Send ``cluster.upload`` to every worker (and, by Dask's plugin, to workers that join
+    later) with ``Client.upload_file``, which puts it on the workers' ``sys.path`` and imports
+    it. A directory is zipped first: a package directory (with ``__init__.py``) as that package,
+    any other directory as its contents; zipped code is imported from the zip, so it must be
+    pure Python (compiled extensions belong in the workers' image)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in map(Path, paths):
+            if p.is_dir():
+                root = p.resolve().parent if (p / "__init__.py").exists() else p.resolve()
+                archive = Path(tmp) / f"{p.resolve().name}.zip"
+                with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+                    for f in sorted(p.resolve().rglob("*")):
+                        if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                            z.write(f, f.relative_to(root))
+                p = archive
+            client.upload_file(str(p), load=True)
+            logger.info("uploaded %s to the workers", p.name)
 
 
 def _security(cfg: ClusterConfig):

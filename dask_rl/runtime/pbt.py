@@ -168,11 +168,11 @@ class PBTDriver(Run):
                  "lineage": self.lineage}
         return self.store.save({"pbt": state},
                                meta={"algorithm": f"pbt-{self.cfg.algo.name}",
-                                     "env_id": self.cfg.env.id, "config": public_dict(self.cfg)})
+                                     "env_id": self.cfg.env.name, "config": public_dict(self.cfg)})
 
     def _restore(self) -> dict:
         state, _, name = self.store.load_latest_good(
-            expect={"algorithm": f"pbt-{self.cfg.algo.name}", "env_id": self.cfg.env.id})
+            expect={"algorithm": f"pbt-{self.cfg.algo.name}", "env_id": self.cfg.env.name})
         s = state["pbt"]
         self.next_ready = [int(x) for x in s["next_ready"]]
         self.rng.bit_generator.state = s["rng"]
@@ -209,7 +209,7 @@ class PBTDriver(Run):
         target = self.members[0].target
         results = list(self.results.values())
         summary = PBTSummary(
-            algorithm=f"pbt-{self.cfg.algo.name}", env_id=self.cfg.env.id,
+            algorithm=f"pbt-{self.cfg.algo.name}", env_id=self.cfg.env.name,
             env_steps=sum(m.env_steps for m in members),
             updates=sum(r.updates for r in results), wall_s=wall,
             final_return=best.final_return,

@@ -85,9 +85,9 @@ class Run(abc.ABC):
         self.resume = resume
         self.run_name = name or f"dask-rl-{uuid.uuid4().hex[:8]}"
         self.target = (cfg.stop.target_return if cfg.stop.target_return is not None
-                       else reward_threshold(cfg.env.id))
+                       else reward_threshold(cfg.env))
         self.confirm_episodes = (cfg.stop.confirm_episodes if cfg.stop.confirm_episodes
-                                 is not None else solved_episodes(cfg.env.id))
+                                 is not None else solved_episodes(cfg.env))
         self.dashboard: str | None = None
         # counters, checkpointed
         self.env_steps = 0
@@ -128,7 +128,7 @@ class Run(abc.ABC):
             latest = self.store.latest() if hasattr(self, "store") else None
         except Exception:  # a damaged pointer: --resume falls back by itself
             latest = None
-        summary = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
+        summary = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
                    "env_steps": self.env_steps, "updates": self.updates,
                    "wall_s": self.elapsed(), "best_return": self.best_return,
                    "stop_reason": stop_reason, "error": reason,

@@ -74,7 +74,7 @@ def sample_task(run: str, trajectories: list[Trajectory],
     from dask_rl.envs import is_atari
 
     cfg = run_state(run).cfg
-    clip = is_atari(cfg.env.id) and cfg.env.clip_rewards
+    clip = is_atari(cfg.env) and cfg.env.clip_rewards
     return T.concat([
         sample_transitions(traj, t, i, gamma=cfg.algo.gamma, n=cfg.algo.n_step,
                            rewards=np.sign(traj.rewards) if clip else None)

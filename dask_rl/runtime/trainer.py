@@ -141,7 +141,7 @@ class Trainer(Run):
                   "env_steps_discarded": self.env_steps_discarded,
                   "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
                   **self.driver_state()}
-        meta = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
+        meta = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
                 "config": public_dict(self.cfg), "env_steps": self.env_steps,
                 "updates": actor_state["version"], "time": time.time(), **extra_meta}
         name = self.store.commit(pending, {"actor": actor_state, "driver": driver}, meta=meta,
@@ -155,7 +155,7 @@ class Trainer(Run):
     def load_checkpoint(self) -> tuple[dict, dict, str]:
         """The newest good checkpoint of this run, loaded into the parameter actor."""
         state, meta, name = self.store.load_latest_good(
-            expect={"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
+            expect={"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
                     "num_params": self.num_params})
         self.actor.call("load_state_dict", state["actor"])
         self.updates = int(state["actor"]["version"])
@@ -264,7 +264,7 @@ class Trainer(Run):
         actor_metrics = self.actor_call("metrics")
         wall = self.elapsed()
         return {
-            "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.id,
+            "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
             "env_steps": self.env_steps, "updates": actor_metrics["version"], "wall_s": wall,
             "final_return": final.mean_return, "best_return": self.best_return,
             "target_return": self.target,

@@ -55,7 +55,7 @@ def test_the_dockerfile_installs_every_extra_but_test():
 
 @pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.name)
 def test_the_readme_names_each_pipelines_extra(path):
-    family = env_family(load_pipeline(path).env.id)
+    family = env_family(load_pipeline(path).env)
     rows = [line for line in (ROOT / "README.md").read_text().splitlines()
             if line.startswith(f"| `{path.name}` |")]
     assert len(rows) == 1, f"README's pipeline table has no row of its own for {path.name}"
