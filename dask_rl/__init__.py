@@ -10,5 +10,14 @@ from dask_rl.api import RunResult, train
 from dask_rl.config import ConfigError, PipelineConfig, load_pipeline
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "PipelineConfig", "RunResult", "load_pipeline", "train",
-           "__version__"]
+__all__ = ["ConfigError", "Policy", "PipelineConfig", "RunResult", "load_pipeline",
+           "load_policy", "train", "__version__"]
+
+
+def __getattr__(name: str):
+    # the policy API imports torch; ``import dask_rl`` (and the CLI) stay light without it
+    if name in ("Policy", "load_policy"):
+        from dask_rl import export
+
+        return getattr(export, name)
+    raise AttributeError(f"module 'dask_rl' has no attribute {name!r}")

@@ -40,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir", help="a run directory (with checkpoints/)")
     e.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     e.add_argument("--seed", type=int, default=12345, help="evaluation seed")
+    e.add_argument("--video", metavar="FILE.mp4",
+                   help="also record one greedy episode as a video (needs imageio-ffmpeg)")
+
+    x = sub.add_parser("export", help="write a run's policy as TorchScript or ONNX")
+    x.add_argument("run", help="a run directory, its checkpoints/ or one checkpoint")
+    x.add_argument("--format", choices=("torchscript", "onnx"), default="torchscript")
+    x.add_argument("-o", "--output", required=True, help="the file to write")
 
     d = sub.add_parser("dashboard", help="serve the /rl page for run directories")
     d.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("distributed").setLevel(logging.ERROR)
     try:
         commands = {"train": _train, "evaluate": _evaluate, "validate": _validate,
-                    "dashboard": _dashboard, "plot": _plot, "k8s": _k8s}
+                    "dashboard": _dashboard, "plot": _plot, "k8s": _k8s, "export": _export}
         return commands[args.command](args)
     except ConfigError as e:
         print(f"dask-rl: error: {e}", file=sys.stderr)
@@ -198,7 +205,19 @@ def _evaluate(args: argparse.Namespace) -> int:
     result = evaluate(cfg, snapshot, episodes=args.episodes, seed=args.seed).record()
     result.update({"checkpoint": name, "env_id": cfg.env.name, "algorithm": cfg.algo.name,
                    "env_steps": meta.get("env_steps")})
+    if args.video:
+        from dask_rl.export import load_policy, record_video
+
+        result.update(record_video(load_policy(ckpt / name), args.video, seed=args.seed))
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from dask_rl.export import export, load_policy
+
+    out = export(load_policy(args.run), args.output, args.format)
+    print(f"dask-rl: wrote {out} ({args.format}) and {out}.json", file=sys.stderr)
     return 0
 
 

@@ -21,7 +21,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from dask_rl.config.schema import EnvConfig
 
 __all__ = ["make_env", "make_vector_env", "env_spaces", "check_env", "env_family", "is_atari",
-           "reward_threshold", "solved_episodes", "episode_stats"]
+           "reward_threshold", "solved_episodes", "episode_stats", "space_to_dict",
+           "space_from_dict"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -297,6 +298,33 @@ def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
         return env.single_observation_space, env.single_action_space
     finally:
         env.close()
+
+
+def space_to_dict(space: gym.Space) -> dict[str, Any]:
+    """A JSON description of a Box, Discrete or MultiDiscrete space (kept in checkpoints, so
+    that a trained policy loads without its environment)."""
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist()}
+    if isinstance(space, spaces.Box):
+        def bound(b: np.ndarray) -> Any:  # one number when uniform (Atari: 0 and 255)
+            return b.flat[0].item() if b.size and np.all(b == b.flat[0]) else b.tolist()
+        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
+                "low": bound(space.low), "high": bound(space.high)}
+    raise ValueError(f"cannot describe the space {space}")
+
+
+def space_from_dict(d: dict[str, Any]) -> gym.Space:
+    """The space :func:`space_to_dict` described."""
+    if d["type"] == "Discrete":
+        return spaces.Discrete(d["n"], start=d.get("start", 0))
+    if d["type"] == "MultiDiscrete":
+        return spaces.MultiDiscrete(d["nvec"])
+    dtype = np.dtype(d["dtype"])
+    shape = tuple(d["shape"])
+    return spaces.Box(np.broadcast_to(np.asarray(d["low"], dtype), shape),
+                      np.broadcast_to(np.asarray(d["high"], dtype), shape), shape, dtype)
 
 
 def episode_stats(info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:

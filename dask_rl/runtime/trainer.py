@@ -27,6 +27,7 @@ import numpy as np
 from dask_rl.checkpoint import Pending
 from dask_rl.config import public_dict
 from dask_rl.data import Evaluation
+from dask_rl.envs import env_spaces, space_to_dict
 from dask_rl.runtime.cluster import rl_page
 from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.housekeeping import Housekeeper
@@ -51,6 +52,7 @@ class Trainer(Run):
         self.replay_lost = 0
         self.checkpoint_failures = 0
         self.rolled_back_at = 0  # env steps at the last rollback
+        self._spaces: dict[str, Any] | None = None
 
     # ---- hooks ---------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -67,6 +69,15 @@ class Trainer(Run):
 
     def driver_state(self) -> dict[str, Any]:
         return {}
+
+    def spaces(self) -> dict[str, Any]:
+        """The env's observation and action spaces as the model sees them, described for the
+        checkpoint's meta (:func:`dask_rl.load_policy` builds the policy from them)."""
+        if self._spaces is None:
+            obs_space, action_space = env_spaces(self.cfg.env)
+            self._spaces = {"observation": space_to_dict(obs_space),
+                            "action": space_to_dict(action_space)}
+        return self._spaces
 
     def load_driver_state(self, state: dict[str, Any]) -> None:
         pass
@@ -142,7 +153,8 @@ class Trainer(Run):
                   "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
                   **self.driver_state()}
         meta = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
-                "config": public_dict(self.cfg), "env_steps": self.env_steps,
+                "config": public_dict(self.cfg), "spaces": self.spaces(),
+                "env_steps": self.env_steps,
                 "updates": actor_state["version"], "time": time.time(), **extra_meta}
         name = self.store.commit(pending, {"actor": actor_state, "driver": driver}, meta=meta,
                                  replay=count)

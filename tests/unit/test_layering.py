@@ -31,7 +31,8 @@ LAYERS = [
     ("single-process building blocks", ["dask_rl.roles"]),
     ("heavy dependencies", ["dask_rl.checkpoint", "dask_rl.dashboard", "dask_rl.deploy"]),
     ("Dask runtime", ["dask_rl.runtime"]),
-    ("entry points", ["dask_rl.api", "dask_rl.cli", "dask_rl.pool", "dask_rl"]),
+    ("entry points", ["dask_rl.api", "dask_rl.cli", "dask_rl.export", "dask_rl.pool",
+                      "dask_rl"]),
 ]
 
 

@@ -1,0 +1,137 @@
+"""A trained policy out of a run: ``load_policy``, TorchScript and ONNX files that run where
+dask-rl is not installed, and a video of a greedy episode.
+
+Each environment family trains briefly on 2 worker processes (the weights are whatever the
+run reached: the question is whether the exported file computes what the module computes);
+1,000 observations from the environment itself then go through the module here and through
+the exported file in a fresh interpreter in which ``import dask_rl`` fails (ONNX: ``import
+torch`` fails too).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dask_rl
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+RUNS = {  # pipeline, overrides: a few updates each, and a checkpoint at the end
+    "cartpole": ("ppo_cartpole.yaml", ["stop.env_steps=4096"]),
+    "hopper": ("ppo_hopper_stellaris.yaml", ["stop.env_steps=4096"]),
+    "pong": ("ppo_pong.yaml", ["stop.env_steps=2048", "env.num_envs=4", "rollout.steps=64"]),
+}
+
+TORCHSCRIPT = """
+import sys
+sys.modules["dask_rl"] = None          # import dask_rl fails here
+import numpy as np, torch
+policy = torch.jit.load(sys.argv[1])
+obs = torch.as_tensor(np.load(sys.argv[2]))
+np.save(sys.argv[3], policy(obs).numpy())
+"""
+
+ONNX = """
+import sys
+sys.modules["dask_rl"] = None          # neither dask-rl
+sys.modules["torch"] = None            # nor torch: onnxruntime alone
+import numpy as np, onnxruntime
+session = onnxruntime.InferenceSession(sys.argv[1])
+np.save(sys.argv[3], session.run(["action"], {"obs": np.load(sys.argv[2])})[0])
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One short run per family, on one cluster of 2 worker processes."""
+    from distributed import Client, LocalCluster
+
+    root = Path(__file__).resolve().parents[2] / "pipelines"
+    out = {}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=50) as cluster, \
+            Client(cluster) as client:
+        for name, (pipeline, overrides) in RUNS.items():
+            run = tmp_path_factory.mktemp(name) / "run"
+            dask_rl.train(root / pipeline, client=client, run_dir=run, overrides=[
+                *overrides, "stop.solve_on_target=false", "stop.eval_every_updates=0"])
+            out[name] = run
+    return out
+
+
+def _observations(policy, n=1000, seed=0):
+    """``n`` observations the environment produces under random actions."""
+    env = policy.make_env()
+    obs, _ = env.reset(seed=seed)
+    env.action_space.seed(seed)
+    seen = []
+    while len(seen) < n:
+        seen.append(np.asarray(obs))
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            obs, _ = env.reset()
+    env.close()
+    return np.stack(seen)
+
+
+@pytest.mark.parametrize("family", list(RUNS))
+def test_exported_policies_act_like_the_loaded_one_without_dask_rl(trained, family, tmp_path):
+    policy = dask_rl.load_policy(trained[family])
+    obs = _observations(policy)
+    expected = policy.act(obs)
+    assert expected.shape[0] == 1000
+    if family == "hopper":  # the frozen statistics are inside: they are not the identity
+        assert not np.allclose(policy.net.obs_norm.mean.numpy(), 0.0)
+    np.save(tmp_path / "obs.npy", obs)
+    for fmt, script in (("torchscript", TORCHSCRIPT), ("onnx", ONNX)):
+        out = tmp_path / f"policy.{fmt}"
+        cli = subprocess.run([sys.executable, "-m", "dask_rl.cli", "export", str(trained[family]),
+                              "--format", fmt, "-o", str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert cli.returncode == 0, cli.stderr[-3000:]
+        sidecar = json.loads(Path(f"{out}.json").read_text())
+        assert sidecar["input"]["shape"][1:] == list(policy.observation_space.shape)
+        run = subprocess.run([sys.executable, "-c", script, str(out), str(tmp_path / "obs.npy"),
+                              str(tmp_path / f"{fmt}.npy")],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        got = np.load(tmp_path / f"{fmt}.npy")
+        if family == "hopper":   # continuous: float arithmetic may differ in the last bits
+            np.testing.assert_allclose(got, expected, atol=1e-5, err_msg=fmt)
+        else:
+            np.testing.assert_array_equal(got, expected, err_msg=fmt)
+
+
+def test_a_video_of_a_greedy_cartpole_episode_has_a_frame_per_step(trained, tmp_path):
+    import imageio.v3 as iio
+
+    video = tmp_path / "episode.mp4"
+    proc = subprocess.run([sys.executable, "-m", "dask_rl.cli", "evaluate",
+                           str(trained["cartpole"]),
+                           "--episodes", "1", "--video", str(video)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    frames = iio.imread(video, index=None)  # every frame, decoded from the file
+    # CartPole pays 1 per step: the episode's return is its length
+    assert frames.ndim == 4 and len(frames) == int(result["video_return"]) > 0
+    assert result["video_frames"] == len(frames)
+
+
+def test_the_readme_snippet_for_the_trained_policy_runs(trained, tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    body = text.split("\n## Use the trained policy\n", 1)[1].split("\n## ", 1)[0]
+    snippet = body.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "cartpole").symlink_to(trained["cartpole"])
+    (tmp_path / "snippet.py").write_text(snippet)
+    proc = subprocess.run([sys.executable, "snippet.py"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.split("return:")[1]) > 0
