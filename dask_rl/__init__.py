@@ -17,7 +17,7 @@ __all__ = ["ConfigError", "Policy", "PipelineConfig", "RunResult", "load_pipelin
 def __getattr__(name: str):
     # the policy API imports torch; ``import dask_rl`` (and the CLI) stay light without it
     if name in ("Policy", "load_policy"):
-        from dask_rl import export
+        from dask_rl import policy
 
-        return getattr(export, name)
+        return getattr(policy, name)
     raise AttributeError(f"module 'dask_rl' has no attribute {name!r}")

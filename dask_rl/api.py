@@ -87,7 +87,7 @@ def trainer_class(cfg: PipelineConfig) -> type:
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "members")
 # What a resumed run may change: how it runs, not what it learns (the model or the algorithm).
-RESUME_MAY_CHANGE = ("learner", "rollout", "stop", "checkpoint", "cluster", "seed")
+RESUME_MAY_CHANGE = ("learner", "rollout", "stop", "checkpoint", "cluster", "seed", "logging")
 RESUME_ENV_MAY_CHANGE = ("num_envs",)
 
 
@@ -190,6 +190,17 @@ def check_upload(paths: tuple[str, ...]) -> None:
                               f"directory, got {str(p)!r}")
 
 
+def check_trackers(cfg: PipelineConfig) -> None:
+    """The trackers a pipeline asks for are installed."""
+    import importlib.util
+
+    for key, wanted, package in (("tensorboard", cfg.logging.tensorboard, "tensorboard"),
+                                 ("mlflow", cfg.logging.mlflow is not None, "mlflow")):
+        if wanted and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"logging.{key}: the {package} package is not installed: "
+                              f"pip install 'dask-rl[{key}]'")
+
+
 def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, client: Any = None,
               address: str | None = None, workers: int | None = None) -> bool:
     """The checks that need no cluster: the run directory and, on an embedded cluster, the
@@ -200,6 +211,7 @@ def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, clien
     RunLock(run_dir).check()
     check_run_dir(cfg, run_dir, resume=resume)
     check_upload(cfg.cluster.upload)
+    check_trackers(cfg)
     embedded = client is None and address is None and cfg.cluster.kind == "local" \
         and cfg.cluster.address is None
     if embedded:

@@ -206,7 +206,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     result.update({"checkpoint": name, "env_id": cfg.env.name, "algorithm": cfg.algo.name,
                    "env_steps": meta.get("env_steps")})
     if args.video:
-        from dask_rl.export import load_policy, record_video
+        from dask_rl.policy import load_policy, record_video
 
         result.update(record_video(load_policy(ckpt / name), args.video, seed=args.seed))
     print(json.dumps(result, indent=2))
@@ -214,7 +214,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from dask_rl.export import export, load_policy
+    from dask_rl.policy import export, load_policy
 
     out = export(load_policy(args.run), args.output, args.format)
     print(f"dask-rl: wrote {out} ({args.format}) and {out}.json", file=sys.stderr)

@@ -2,9 +2,9 @@
 
 A pipeline is a YAML mapping with one section per concern (``algo``, ``env``, ``model``,
 ``rollout``, ``learner``, ``aggregation``, ``stop``, ``checkpoint``, ``cluster``,
-``population``). Every field is declared once, here or in the module of the algorithm or
-strategy it belongs to, with its default, bounds and a one-line description (:func:`option`);
-:mod:`dask_rl.config.loader` validates YAML against it.
+``logging``, ``population``). Every field is declared once, here or in the module of the
+algorithm or strategy it belongs to, with its default, bounds and a one-line description
+(:func:`option`); :mod:`dask_rl.config.loader` validates YAML against it.
 
 Two sections are *open variants*: ``algo`` is an :class:`AlgoConfig` subclass chosen by
 ``algo.name`` (each algorithm's module declares its own, :mod:`dask_rl.algos.registry` finds
@@ -22,6 +22,7 @@ from typing import Any, Callable, ClassVar
 __all__ = ["ConfigError", "option", "AlgoConfig", "AggregationConfig", "EnvConfig",
            "ModelConfig", "RolloutConfig", "LearnerConfig", "StopConfig", "CheckpointConfig",
            "AdaptConfig", "SecurityConfig", "KubernetesConfig", "ClusterConfig",
+           "LoggingConfig", "MlflowConfig",
            "PopulationConfig", "PipelineConfig"]
 
 
@@ -163,6 +164,23 @@ class StopConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MlflowConfig:
+    tracking_uri: str | None = option(None, "an MLflow tracking URI: a server (http://...), "
+                                            "a local store (file:///path/mlruns), ... (None: "
+                                            "MLflow's default, MLFLOW_TRACKING_URI)")
+    experiment: str = option("dask-rl", "the MLflow experiment the run is logged under")
+    run_name: str | None = option(None, "the MLflow run's name (None: the run directory's)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    tensorboard: bool = option(False, "write TensorBoard event files to RUN_DIR/tensorboard "
+                                      "(CleanRL's tag names; extra tensorboard)")
+    mlflow: MlflowConfig | None = option(None, "log params, metrics and the exported policy "
+                                               "to MLflow (extra mlflow; None: off)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     every_s: float = option(60.0, "seconds between checkpoints (0: only at the end)", ge=0)
     keep: int = option(3, "checkpoints kept", ge=1)
@@ -285,6 +303,8 @@ class PipelineConfig:
     checkpoint: CheckpointConfig = option(doc="Zarr checkpoints",
                                           default_factory=CheckpointConfig)
     cluster: ClusterConfig = option(doc="where it runs", default_factory=ClusterConfig)
+    logging: LoggingConfig = option(doc="experiment trackers (TensorBoard, MLflow), beside "
+                                        "metrics.jsonl", default_factory=LoggingConfig)
     population: PopulationConfig | None = option(None, "population-based training over the "
                                                        "members (None: one trainer)")
 

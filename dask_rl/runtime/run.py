@@ -36,13 +36,14 @@ import numpy as np
 from distributed import Client
 
 from dask_rl.checkpoint import CheckpointStore
-from dask_rl.config import PipelineConfig
+from dask_rl.config import ConfigError, PipelineConfig
 from dask_rl.control.schedule import RECENT_EPISODES, target_confirmed
 from dask_rl.data import Evaluation, Progress
 from dask_rl.data.metrics import TOPIC, MetricsLog
 from dask_rl.data.summary import RunSummary
 from dask_rl.envs import reward_threshold, solved_episodes
 from dask_rl.runtime.plugins import register_torch_sizeof
+from dask_rl.tracking import Trackers
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class Run(abc.ABC):
         self.confirmation: Evaluation | None = None   # the confirming evaluation, if any
         self.stop_reason: str | None = None
         self.t0 = time.time()
+        self.trackers: Trackers | None = None   # TensorBoard / MLflow, if the pipeline asks
+        self.ended = False                       # the end record was written
 
     @abc.abstractmethod
     def run(self) -> RunSummary:
@@ -114,12 +117,20 @@ class Run(abc.ABC):
         self.t0 = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         register_torch_sizeof()
+        if self.cfg.logging.tensorboard or self.cfg.logging.mlflow is not None:
+            try:
+                self.trackers = Trackers(self.cfg, self.run_dir, resume=self.resume)
+            except Exception as e:  # a wrong tracking URI: said now, not after hours of training
+                raise ConfigError(f"logging: cannot open the trackers: "
+                                  f"{' '.join(str(e).split())[:300]}") from None
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", sink=self._publish,
                                   run=self.run_name)
         self.store = CheckpointStore(store_path or self.run_dir / "checkpoints",
                                      keep=self.cfg.checkpoint.keep)
 
     def _publish(self, record: dict) -> None:
+        if self.trackers is not None:
+            self.trackers.write(record)
         self.client.log_event(TOPIC, record)
 
     def fail(self, reason: str, stop_reason: str) -> RunFailed:
@@ -259,8 +270,27 @@ class Run(abc.ABC):
         """Write the run's end record (the summary, less the ``omit`` keys); returns it."""
         record = {k: v for k, v in summary.to_dict().items() if k not in omit}
         self.metrics.write("run", {"event": "end", **record})
+        self.ended = True
         return summary
 
     def close(self) -> None:
+        if self.trackers is not None:
+            self._finish_tracking()
         if hasattr(self, "metrics"):
             self.metrics.close()
+
+    def _finish_tracking(self) -> None:
+        """Close the trackers; MLflow gets the exported policy of the newest checkpoint."""
+        assert self.trackers is not None
+        artifacts = []
+        if self.cfg.logging.mlflow is not None and hasattr(self, "store"):
+            try:
+                from dask_rl.policy import export, policy_from_store
+
+                path = export(policy_from_store(self.store), self.run_dir / "policy.pt")
+                artifacts = [(path, "policy"), (Path(f"{path}.json"), "policy")]
+            except Exception as e:  # no checkpoint yet, or the export failed: say so, go on
+                logger.warning("no policy for MLflow: %s", e)
+        self.trackers.finish(status="FINISHED" if self.ended else "FAILED",
+                             artifacts=artifacts)
+        self.trackers = None

@@ -16,7 +16,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "dask_rl"
 
 HOMES = {"dask": "runtime", "distributed": "runtime", "zarr": "checkpoint",
-         "bokeh": "dashboard", "argparse": "cli.py", "tqdm": "cli.py"}
+         "bokeh": "dashboard", "argparse": "cli.py", "tqdm": "cli.py",
+         "mlflow": "tracking.py", "onnxruntime": "policy.py", "imageio": "policy.py"}
 PURE = ("algos", "staleness", "control", "config/schema.py")
 IMPURE = {"dask", "distributed", "zarr", "bokeh", "fsspec", "gymnasium", "requests", "socket",
           "subprocess", "tornado"}
@@ -29,10 +30,10 @@ LAYERS = [
     ("pipeline loading", ["dask_rl.config"]),
     ("run decisions", ["dask_rl.control"]),
     ("single-process building blocks", ["dask_rl.roles"]),
-    ("heavy dependencies", ["dask_rl.checkpoint", "dask_rl.dashboard", "dask_rl.deploy"]),
+    ("heavy dependencies", ["dask_rl.checkpoint", "dask_rl.dashboard", "dask_rl.deploy",
+                            "dask_rl.policy", "dask_rl.tracking"]),
     ("Dask runtime", ["dask_rl.runtime"]),
-    ("entry points", ["dask_rl.api", "dask_rl.cli", "dask_rl.export", "dask_rl.pool",
-                      "dask_rl"]),
+    ("entry points", ["dask_rl.api", "dask_rl.cli", "dask_rl.pool", "dask_rl"]),
 ]
 
 

@@ -144,10 +144,14 @@ def load_policy(path: str | Path, *, checkpoint: str | None = None) -> Policy:
     """The policy of a run directory's newest good checkpoint (or of ``path`` when it is a
     checkpoint, or of ``checkpoint`` by name), as a :class:`Policy` on the CPU."""
     store_dir, name = _checkpoint_dir(Path(path))
-    store = CheckpointStore(store_dir)
+    return policy_from_store(CheckpointStore(store_dir), checkpoint or name)
+
+
+def policy_from_store(store: CheckpointStore, checkpoint: str | None = None) -> Policy:
+    """The policy of a checkpoint store's newest good checkpoint (or of ``checkpoint``)."""
     try:
-        if checkpoint or name:
-            state, meta = store.load(checkpoint or name)
+        if checkpoint:
+            state, meta = store.load(checkpoint)
         else:
             state, meta, _ = store.load_latest_good()
     except CheckpointError as e:
