@@ -11,7 +11,7 @@ from dask_rl.config import ConfigError, PipelineConfig, load_pipeline
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "Policy", "PipelineConfig", "RunResult", "load_pipeline",
-           "load_policy", "train", "__version__"]
+           "load_policy", "sweep", "train", "__version__"]
 
 
 def __getattr__(name: str):
@@ -20,4 +20,8 @@ def __getattr__(name: str):
         from dask_rl import policy
 
         return getattr(policy, name)
+    if name == "sweep":   # Optuna, imported when a sweep is asked for
+        from dask_rl.sweeps import sweep
+
+        return sweep
     raise AttributeError(f"module 'dask_rl' has no attribute {name!r}")

@@ -69,6 +69,19 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="KEY.PATH=VALUE", help="override a pipeline field (repeatable)")
     r.add_argument("-o", "--output", help="write to this file instead of stdout")
 
+    w = sub.add_parser("sweep", help="an Optuna hyperparameter sweep, trials run on the cluster")
+    w.add_argument("pipeline", help="pipeline YAML file")
+    w.add_argument("--space", required=True, help="YAML: pipeline keys to distributions")
+    w.add_argument("--trials", type=int, default=16, help="trials to finish (default 16)")
+    w.add_argument("--parallel", type=int, default=2, help="trials at once (default 2)")
+    w.add_argument("--sweep-dir", help="where the trials' run directories and the study go")
+    w.add_argument("--resume", action="store_true", help="finish the sweep in --sweep-dir")
+    w.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    w.add_argument("--address", help="scheduler address of an existing Dask cluster")
+    w.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    w.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY.PATH=VALUE", help="override a pipeline field (repeatable)")
+
     v = sub.add_parser("validate", help="check a pipeline without running it")
     v.add_argument("pipeline", help="pipeline YAML file")
     v.add_argument("--set", dest="overrides", action="append", default=[],
@@ -84,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("distributed").setLevel(logging.ERROR)
     try:
         commands = {"train": _train, "evaluate": _evaluate, "validate": _validate,
-                    "dashboard": _dashboard, "plot": _plot, "k8s": _k8s, "export": _export}
+                    "dashboard": _dashboard, "plot": _plot, "k8s": _k8s, "export": _export,
+                    "sweep": _sweep}
         return commands[args.command](args)
     except ConfigError as e:
         print(f"dask-rl: error: {e}", file=sys.stderr)
@@ -210,6 +224,37 @@ def _evaluate(args: argparse.Namespace) -> int:
 
         result.update(record_video(load_policy(ckpt / name), args.video, seed=args.seed))
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from dask_rl.api import resolve
+    from dask_rl.sweeps import load_space, sweep, table
+
+    cfg = resolve(args.pipeline, args.overrides)
+    load_space(args.space, cfg)   # bad input fails here, before any cluster
+    if args.resume and not args.sweep_dir:
+        raise ConfigError("--resume: needs --sweep-dir naming the sweep to continue")
+    sweep_dir = Path(args.sweep_dir or f"sweeps/{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    print(f"dask-rl: sweep of {args.trials} trials, {args.parallel} at once -> {sweep_dir}",
+          file=sys.stderr)
+
+    def report(row: dict) -> None:
+        value = "-" if row.get("value") is None else f"{row['value']:.1f}"
+        params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in row["params"].items())
+        print(f"dask-rl: trial {row['trial']} {row['state'].lower()}: {value} ({params}; "
+              f"{row['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+
+    result = sweep(args.pipeline, args.space, trials=args.trials, parallel=args.parallel,
+                   sweep_dir=sweep_dir, resume=args.resume, address=args.address,
+                   workers=args.workers, seed=args.seed, overrides=args.overrides,
+                   on_trial=report)
+    print(table(result))
+    if result.best is not None:
+        print(f"dask-rl: best: trial {result.best['trial']}, {result.best['value']:.1f}; its "
+              f"pipeline in {sweep_dir / 'best.yaml'}, every trial in "
+              f"{sweep_dir / 'results.json'}", file=sys.stderr)
     return 0
 
 

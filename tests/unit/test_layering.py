@@ -17,7 +17,8 @@ PKG = Path(__file__).resolve().parents[2] / "dask_rl"
 
 HOMES = {"dask": "runtime", "distributed": "runtime", "zarr": "checkpoint",
          "bokeh": "dashboard", "argparse": "cli.py", "tqdm": "cli.py",
-         "mlflow": "tracking.py", "onnxruntime": "policy.py", "imageio": "policy.py"}
+         "mlflow": "tracking.py", "onnxruntime": "policy.py", "imageio": "policy.py",
+         "optuna": "sweeps.py"}
 PURE = ("algos", "staleness", "control", "config/schema.py")
 IMPURE = {"dask", "distributed", "zarr", "bokeh", "fsspec", "gymnasium", "requests", "socket",
           "subprocess", "tornado"}
@@ -33,7 +34,8 @@ LAYERS = [
     ("heavy dependencies", ["dask_rl.checkpoint", "dask_rl.dashboard", "dask_rl.deploy",
                             "dask_rl.policy", "dask_rl.tracking"]),
     ("Dask runtime", ["dask_rl.runtime"]),
-    ("entry points", ["dask_rl.api", "dask_rl.cli", "dask_rl.pool", "dask_rl"]),
+    ("entry points", ["dask_rl.api", "dask_rl.cli", "dask_rl.pool", "dask_rl.sweeps",
+                      "dask_rl"]),
 ]
 
 

@@ -1,0 +1,300 @@
+"""Hyperparameter sweeps on the cluster: Optuna over ordinary dask-rl runs.
+
+``dask-rl sweep PIPELINE --space sweep.yaml --trials N`` (or :func:`sweep`) asks Optuna for
+trials — TPE by default — and trains ``--parallel`` of them at once on one Dask cluster, each
+an ordinary run with its own run directory (``SWEEP_DIR/trial-007``: summary, metrics,
+checkpoints, all the usual tools work on it). A trial's value is its run's final greedy return
+(``summary.json``'s ``final_return``: the confirming evaluation when it solved); its
+intermediate values are the run's screening evaluations, reported to Optuna at step k for the
+k-th evaluation (a grid every trial shares, so that the median pruner compares like with like),
+and Optuna's ``MedianPruner`` stops a trial whose evaluation falls below the median of the
+trials before it at the same step.
+
+The study lives in ``SWEEP_DIR/optuna.journal`` (Optuna's ``JournalFileBackend``): after the
+sweep's driver is killed, ``--resume`` reloads it, keeps every finished trial (complete or
+pruned), marks the trials that were running as failed and asks for their parameters again,
+and runs until ``N`` trials have finished. At the end (and after every trial)
+``SWEEP_DIR/results.json`` holds the table and ``SWEEP_DIR/best.yaml`` the best trial's full
+pipeline.
+
+The space file maps pipeline keys to distributions::
+
+    learner.lr: {low: 1.0e-4, high: 3.0e-3, log: true}
+    algo.ent_coef: {low: 0.0, high: 0.05}
+    learner.max_learners: {low: 1, high: 4, int: true}
+    aggregation.strategy: {choices: [async, stellaris]}
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from dask_rl.api import resolve, train
+from dask_rl.config import ConfigError, PipelineConfig, public_dict
+from dask_rl.data import Progress
+
+logger = logging.getLogger(__name__)
+
+JOURNAL = "optuna.journal"
+STUDY = "dask-rl"
+
+
+@dataclass
+class SweepResult:
+    """The table of trials and the best one (also in ``results.json`` and ``best.yaml``)."""
+
+    sweep_dir: Path
+    trials: list[dict] = field(default_factory=list)
+    best: dict | None = None
+
+
+def load_space(path: str | Path, cfg: PipelineConfig) -> dict[str, dict]:
+    """The space file, checked: every key a pipeline key, every entry a distribution."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--space: no such file, got {str(path)!r}")
+    try:
+        space = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not YAML ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(space, dict) or not space:
+        raise ConfigError(f"{path}: expected a mapping of pipeline keys to distributions")
+    for key, spec in space.items():
+        where = f"{path.name}: {key}"
+        if cfg.lookup(str(key)) is None and not str(key).startswith("algo."):
+            raise ConfigError(f"{where}: not a key of the pipeline")
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where}: expected {{low, high[, log, int]}} or {{choices}}, "
+                              f"got {spec!r}")
+        if "choices" in spec:
+            if not isinstance(spec["choices"], list) or not spec["choices"]:
+                raise ConfigError(f"{where}: choices must be a non-empty list")
+        elif not {"low", "high"} <= set(spec) or not set(spec) <= {"low", "high", "log", "int"}:
+            raise ConfigError(f"{where}: expected {{low, high[, log, int]}} or {{choices}}, "
+                              f"got {spec!r}")
+        elif not float(spec["low"]) < float(spec["high"]):
+            raise ConfigError(f"{where}: low must be < high, got {spec!r}")
+    # every corner of the space must make a valid pipeline: said now, not at trial 5
+    for key, spec in space.items():
+        for value in (spec["choices"] if "choices" in spec else (spec["low"], spec["high"])):
+            resolve(cfg, [f"{key}={json.dumps(value)}"])
+    return space
+
+
+def suggest(trial: Any, space: dict[str, dict]) -> dict[str, Any]:
+    """One trial's values for the space."""
+    out = {}
+    for key, spec in space.items():
+        if "choices" in spec:
+            out[key] = trial.suggest_categorical(key, spec["choices"])
+        elif spec.get("int"):
+            out[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]),
+                                         log=bool(spec.get("log")))
+        else:
+            out[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]),
+                                           log=bool(spec.get("log")))
+    return out
+
+
+def _overrides(params: dict[str, Any]) -> list[str]:
+    return [f"{k}={json.dumps(v)}" for k, v in params.items()]
+
+
+def _study(sweep_dir: Path, *, resume: bool, seed: int):
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = JournalStorage(JournalFileBackend(str(sweep_dir / JOURNAL)))
+    # a resumed sweep's sampler must not replay the killed one's random draws: its seed moves
+    # on by the trials already asked for (still reproducible from the journal)
+    asked = 0
+    if resume:
+        asked = len(optuna.load_study(study_name=STUDY, storage=storage).get_trials(
+            deepcopy=False))
+    return optuna.create_study(
+        study_name=STUDY, storage=storage, load_if_exists=resume, direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed + asked),
+        # the first evaluations are noisy (a few episodes, early in training): no pruning
+        # before a trial's fourth
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=3))
+
+
+def _requeue_interrupted(study: Any) -> int:
+    """Trials a killed driver left running: failed, and their parameters asked for again."""
+    from optuna.trial import TrialState
+
+    stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+    for t in stale:
+        study.tell(t.number, state=TrialState.FAIL)
+        study.enqueue_trial(t.params, skip_if_exists=False)
+    return len(stale)
+
+
+def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: str | Path,
+          parallel: int = 2, resume: bool = False, client: Any = None,
+          address: str | None = None, workers: int | None = None, seed: int = 0,
+          overrides: list[str] | None = None,
+          on_trial: Callable[[dict], None] | None = None) -> SweepResult:
+    """Run (or, with ``resume``, finish) a sweep of ``trials`` trials, ``parallel`` at once on
+    one cluster (``client``, ``address`` or the pipeline's own); see the module doc."""
+    from optuna.trial import TrialState
+
+    cfg = resolve(pipeline, overrides or [])
+    if isinstance(space, dict):
+        space_path = None
+        spec = space
+    else:
+        space_path = Path(space)
+        spec = load_space(space_path, cfg)
+    if trials < 1 or parallel < 1:
+        raise ConfigError(f"--trials and --parallel: must be >= 1, got {trials}, {parallel}")
+    sweep_dir = Path(sweep_dir)
+    journal = sweep_dir / JOURNAL
+    if resume and not journal.exists():
+        raise ConfigError(f"--resume: no sweep in {sweep_dir} (no {JOURNAL})")
+    if not resume and sweep_dir.exists() and any(sweep_dir.iterdir()):
+        raise ConfigError(f"{sweep_dir}: holds a sweep already; --resume continues it, or "
+                          f"choose another --sweep-dir")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    study = _study(sweep_dir, resume=resume, seed=seed)
+    if resume:
+        again = _requeue_interrupted(study)
+        if again:
+            logger.warning("resuming: %d trial(s) the killed sweep left running will run again",
+                           again)
+    lock = threading.Lock()
+    result = SweepResult(sweep_dir)
+
+    def finished() -> int:
+        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                   for t in study.get_trials(deepcopy=False))
+
+    def one_trial(c: Any) -> bool:
+        """Ask for a trial and run it; False when the sweep has all it needs."""
+        with lock:
+            running = sum(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+            if finished() + running >= trials:
+                return False
+            trial = study.ask()
+        params = suggest(trial, spec)
+        run_dir = sweep_dir / f"trial-{trial.number:03d}"
+        evaluations = []
+
+        def progress(p: Progress) -> None:
+            if p.eval_return is not None and (not evaluations or p.eval_return != evaluations[-1]):
+                evaluations.append(p.eval_return)
+                trial.report(float(p.eval_return), step=len(evaluations))
+                if trial.should_prune():
+                    import optuna
+
+                    raise optuna.TrialPruned(f"evaluation {len(evaluations)}: "
+                                             f"{p.eval_return:.1f}")
+
+        t0 = time.time()
+        row: dict[str, Any] = {"trial": trial.number, "params": params, "run_dir": str(run_dir)}
+        try:
+            summary = train(cfg, client=c, run_dir=run_dir, overrides=_overrides(params),
+                            progress=progress).summary
+        except Exception as e:
+            import optuna
+
+            if isinstance(e, optuna.TrialPruned):
+                with lock:
+                    study.tell(trial, state=TrialState.PRUNED)
+                row.update(state="PRUNED", value=None, evaluations=evaluations)
+            else:
+                logger.warning("trial %d failed: %s", trial.number, e)
+                with lock:
+                    study.tell(trial, state=TrialState.FAIL)
+                row.update(state="FAIL", value=None, error=" ".join(str(e).split())[:300])
+        else:
+            value = summary.get("final_return")
+            with lock:
+                study.tell(trial, float(value) if value is not None else float("-inf"))
+            row.update(state="COMPLETE", value=value, solved=summary.get("solved"),
+                       env_steps=summary.get("env_steps"), evaluations=evaluations)
+        row["wall_s"] = time.time() - t0
+        with lock:
+            _write_results(study, sweep_dir, cfg, result)
+        if on_trial is not None:
+            on_trial(row)
+        return True
+
+    def worker(c: Any) -> None:
+        while one_trial(c):
+            pass
+
+    def run_all(c: Any) -> None:
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            for f in [pool.submit(worker, c) for _ in range(parallel)]:
+                f.result()
+
+    if client is not None:
+        run_all(client)
+    else:
+        from dask_rl.runtime.cluster import connect
+
+        with connect(cfg.cluster, address=address, n_workers=workers) as c:
+            run_all(c)
+    _write_results(study, sweep_dir, cfg, result)
+    if space_path is not None:
+        (sweep_dir / "space.yaml").write_text(space_path.read_text())
+    return result
+
+
+def _write_results(study: Any, sweep_dir: Path, cfg: PipelineConfig,
+                   result: SweepResult) -> None:
+    """``results.json`` (every trial) and ``best.yaml`` (the best trial's pipeline)."""
+    from optuna.trial import TrialState
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        run_dir = sweep_dir / f"trial-{t.number:03d}"
+        summary_file = run_dir / "summary.json"
+        summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+        rows.append({"trial": t.number, "state": t.state.name, "value": t.value,
+                     "params": t.params, "evaluations": list(t.intermediate_values.values()),
+                     "solved": summary.get("solved"), "env_steps": summary.get("env_steps"),
+                     "wall_s": summary.get("wall_s"), "run_dir": str(run_dir)})
+    result.trials = rows
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    best = max(complete, key=lambda t: t.value) if complete else None
+    result.best = None
+    if best is not None:
+        best_cfg = resolve(cfg, _overrides(best.params))
+        result.best = {"trial": best.number, "value": best.value, "params": best.params,
+                       "run_dir": str(sweep_dir / f"trial-{best.number:03d}")}
+        (sweep_dir / "best.yaml").write_text(
+            yaml.safe_dump(public_dict(best_cfg), sort_keys=False))
+    (sweep_dir / "results.json").write_text(json.dumps(
+        {"best": result.best, "trials": rows, "pipeline": public_dict(cfg)}, indent=2))
+
+
+def table(result: SweepResult) -> str:
+    """The trials as a markdown table, best first."""
+    rows = sorted(result.trials, key=lambda r: (r["value"] is None, -(r["value"] or 0.0)))
+    keys = sorted({k for r in rows for k in r["params"]})
+    head = ["trial", "state", "value", "solved", "env steps", *keys]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        value = "-" if r["value"] is None else f"{r['value']:.1f}"
+        cells = [str(r["trial"]), r["state"], value, str(r.get("solved") or "-"),
+                 str(r.get("env_steps") or "-")]
+        cells += [_fmt(r["params"].get(k)) for k in keys]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
