@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--sweep-dir", help="where the trials' run directories and the study go")
     w.add_argument("--resume", action="store_true", help="finish the sweep in --sweep-dir")
     w.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    w.add_argument("--prune-warmup", type=int, default=3,
+                   help="evaluations a trial makes before it may be pruned (default 3)")
     w.add_argument("--address", help="scheduler address of an existing Dask cluster")
     w.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
     w.add_argument("--set", dest="overrides", action="append", default=[],
@@ -249,7 +251,7 @@ def _sweep(args: argparse.Namespace) -> int:
     result = sweep(args.pipeline, args.space, trials=args.trials, parallel=args.parallel,
                    sweep_dir=sweep_dir, resume=args.resume, address=args.address,
                    workers=args.workers, seed=args.seed, overrides=args.overrides,
-                   on_trial=report)
+                   prune_warmup=args.prune_warmup, on_trial=report)
     print(table(result))
     if result.best is not None:
         print(f"dask-rl: best: trial {result.best['trial']}, {result.best['value']:.1f}; its "

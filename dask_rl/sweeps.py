@@ -8,7 +8,8 @@ checkpoints, all the usual tools work on it). A trial's value is its run's final
 intermediate values are the run's screening evaluations, reported to Optuna at step k for the
 k-th evaluation (a grid every trial shares, so that the median pruner compares like with like),
 and Optuna's ``MedianPruner`` stops a trial whose evaluation falls below the median of the
-trials before it at the same step.
+trials before it at the same step (from its evaluation ``prune_warmup + 1`` on: the first
+ones are noisy).
 
 The study lives in ``SWEEP_DIR/optuna.journal`` (Optuna's ``JournalFileBackend``): after the
 sweep's driver is killed, ``--resume`` reloads it, keeps every finished trial (complete or
@@ -109,7 +110,7 @@ def _overrides(params: dict[str, Any]) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in params.items()]
 
 
-def _study(sweep_dir: Path, *, resume: bool, seed: int):
+def _study(sweep_dir: Path, *, resume: bool, seed: int, prune_warmup: int):
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -126,8 +127,8 @@ def _study(sweep_dir: Path, *, resume: bool, seed: int):
         study_name=STUDY, storage=storage, load_if_exists=resume, direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=seed + asked),
         # the first evaluations are noisy (a few episodes, early in training): no pruning
-        # before a trial's fourth
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=3))
+        # before a trial's evaluation prune_warmup + 1
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=prune_warmup))
 
 
 def _requeue_interrupted(study: Any) -> int:
@@ -144,7 +145,7 @@ def _requeue_interrupted(study: Any) -> int:
 def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: str | Path,
           parallel: int = 2, resume: bool = False, client: Any = None,
           address: str | None = None, workers: int | None = None, seed: int = 0,
-          overrides: list[str] | None = None,
+          overrides: list[str] | None = None, prune_warmup: int = 3,
           on_trial: Callable[[dict], None] | None = None) -> SweepResult:
     """Run (or, with ``resume``, finish) a sweep of ``trials`` trials, ``parallel`` at once on
     one cluster (``client``, ``address`` or the pipeline's own); see the module doc."""
@@ -157,8 +158,9 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
     else:
         space_path = Path(space)
         spec = load_space(space_path, cfg)
-    if trials < 1 or parallel < 1:
-        raise ConfigError(f"--trials and --parallel: must be >= 1, got {trials}, {parallel}")
+    if trials < 1 or parallel < 1 or prune_warmup < 0:
+        raise ConfigError(f"--trials and --parallel must be >= 1, --prune-warmup >= 0, got "
+                          f"{trials}, {parallel}, {prune_warmup}")
     sweep_dir = Path(sweep_dir)
     journal = sweep_dir / JOURNAL
     if resume and not journal.exists():
@@ -167,7 +169,7 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
         raise ConfigError(f"{sweep_dir}: holds a sweep already; --resume continues it, or "
                           f"choose another --sweep-dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    study = _study(sweep_dir, resume=resume, seed=seed)
+    study = _study(sweep_dir, resume=resume, seed=seed, prune_warmup=prune_warmup)
     if resume:
         again = _requeue_interrupted(study)
         if again:

@@ -22,7 +22,7 @@ SPACE = """\
 learner.lr: {low: 2.0e-4, high: 3.0e-3, log: true}
 algo.ent_coef: {low: 0.0, high: 0.03}
 """
-SETS = ["stop.env_steps=60000", "stop.eval_every_updates=8", "checkpoint.every_s=0",
+SETS = ["stop.env_steps=60000", "stop.eval_every_updates=6", "checkpoint.every_s=0",
         "cluster.dashboard=false"]
 
 
@@ -30,6 +30,7 @@ def _sweep(tmp_path, *extra, wait=True):
     cmd = [sys.executable, "-m", "dask_rl.cli", "sweep", str(ROOT / "pipelines" /
                                                              "ppo_cartpole.yaml"),
            "--space", str(tmp_path / "space.yaml"), "--trials", "8", "--parallel", "2",
+           "--prune-warmup", "1",
            "--sweep-dir", str(tmp_path / "sweep"), *[a for s in SETS for a in ("--set", s)],
            *extra]
     if wait:
