@@ -139,6 +139,9 @@ def _creator_problem(entry_point: Any) -> str | None:
     try:
         _creator(entry_point)
     except (AttributeError, ValueError):
+        if module == "__main__":   # a run trained with a class from a script or notebook
+            return (f"{attr!r} was defined in a script or notebook (__main__), which this "
+                    f"process is not; move it into a module and give module:name")
         return f"{module} has no {attr!r}"
     return None
 

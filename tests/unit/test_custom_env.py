@@ -75,6 +75,7 @@ def test_dict_observations_are_flattened_and_multidiscrete_actions_kept():
 @pytest.mark.parametrize("env, reason", [
     ({"entry_point": "no_such_pkg.envs:make"}, "cannot import no_such_pkg.envs"),
     ({"entry_point": "toyenvs.corridor:nothing"}, "toyenvs.corridor has no 'nothing'"),
+    ({"entry_point": "__main__:Corridor"}, "'Corridor' was defined in a script or notebook"),
     ({"entry_point": "toyenvs.corridor"}, "expected module:name"),
     ({"entry_point": "toyenvs.corridor:BrokenStep"}, "step() returned 4 values"),
     ({"id": "no_such_pkg:Thing-v0"}, "cannot import no_such_pkg"),
