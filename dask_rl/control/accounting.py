@@ -32,6 +32,17 @@ class Accounting:
     rollout_busy_s: float = 0.0
     rollout_s: float = 0.0   # moving averages of task durations, for the adaptive policy
     learner_s: float = 0.0
+    # ... and of the driver's cycle per task, submission to result: what a slot really yields
+    # (scheduling, transfers, waiting for a thread included; TianJi's allocation uses these)
+    rollout_cycle_s: float = 0.0
+    learner_cycle_s: float = 0.0
+
+    def cycle(self, kind: str, seconds: float) -> None:
+        """A rollout or learner task came back ``seconds`` after it was submitted."""
+        if kind == "rollout":
+            self.rollout_cycle_s = ema(self.rollout_cycle_s, seconds)
+        elif kind == "learner":
+            self.learner_cycle_s = ema(self.learner_cycle_s, seconds)
 
     def rollout_finished(self, env_steps: int) -> None:
         self.trajectories_produced += 1

@@ -67,6 +67,7 @@ class _Task:
     learner_id: str = ""
     first_use: bool = True    # learner: the trajectory's first learning (not a replay)
     concurrent: int = 0       # learner: learners in flight when it was launched, itself included
+    submitted: float = dataclasses.field(default_factory=time.time)
 
 
 class Driver(Trainer):
@@ -287,6 +288,7 @@ class Driver(Trainer):
             self._failed(fut, task)
             return
         self.failures[task.kind] = 0
+        self.accounting.cycle(task.kind, time.time() - task.submitted)
         if task.kind == "rollout":
             self.accounting.rollout_finished(self.cfg.batch_size)
             self.policy.rollout_done(task.slot, fut)
@@ -437,11 +439,12 @@ class Driver(Trainer):
 
     def _load(self) -> Load:
         """What this trainer wants, as the scheduler's adaptive policy sees it."""
-        a = self.allocation
+        a, acc = self.allocation, self.accounting
         return Load(rollout_running=self.policy.rollouts_in_flight, ready=len(self.policy.ready),
                     learner_running=self.policy.learners_in_flight,
                     max_learners=self.cfg.learner.max_learners,
-                    rollout_s=self.accounting.rollout_s, learner_s=self.accounting.learner_s,
+                    rollout_s=acc.rollout_cycle_s or acc.rollout_s,
+                    learner_s=acc.learner_cycle_s or acc.learner_s,
                     learners_on_gpu=self.cfg.learner.gpus > 0, max_threads=self._max_threads(),
                     lp_actors=a.actors if a else 0, lp_learners=a.learners if a else 0,
                     lp_bound=a.bound if a else "")
@@ -480,7 +483,8 @@ class Driver(Trainer):
         if now - self.last_allocation < ALLOCATE_EVERY_S:
             return
         self.last_allocation = now
-        a = lp_allocation(self._load())
+        load = self._load()
+        a = lp_allocation(load)
         if a is None:
             return
         old = self.allocation
@@ -491,12 +495,12 @@ class Driver(Trainer):
             "actors": a.actors, "learners": a.learners, "bound": a.bound,
             "lp_actors": a.lp_actors, "lp_learners": a.lp_learners,
             "actor_rate": a.actor_rate, "learner_rate": a.learner_rate,
-            "rollout_s": self.accounting.rollout_s, "learner_s": self.accounting.learner_s,
-            "max_threads": self._max_threads(), "env_steps": self.env_steps,
+            "rollout_s": load.rollout_s, "learner_s": load.learner_s,
+            "max_threads": load.max_threads, "env_steps": self.env_steps,
             "wall_s": self.elapsed()})
         logger.info("TianJi allocation: %d rollout slots, %d learners (%s-bound; %.2f s per "
                     "rollout, %.2f s per learner task)", a.actors, a.learners, a.bound,
-                    self.accounting.rollout_s, self.accounting.learner_s)
+                    load.rollout_s, load.learner_s)
         if a.actors != self.policy.slots:
             self.policy.resize(a.actors)
             self.slot_workers = place_slots(self.client, a.actors)

@@ -94,14 +94,28 @@ class Trainer(Run):
         self.replace_actor(reason)
 
     # ---- opening -------------------------------------------------------------------------------
+    def _register_plugin(self, plugin: RunState, attempts: int = 3) -> None:
+        """Register the run's worker plugin. The scheduler keeps it for every worker that joins
+        and broadcasts it to those running; a worker that leaves during the broadcast (an
+        adaptive cluster retiring one as the run starts) fails the broadcast, not the
+        registration, so it is sent again."""
+        for attempt in range(attempts):
+            try:
+                self.client.register_plugin(plugin, name=self.run_name)
+                return
+            except OSError as e:   # distributed's CommClosedError is an OSError
+                if attempt == attempts - 1:
+                    raise
+                logger.info("a worker left while the run's plugin was sent (%s); again", e)
+                time.sleep(0.5)
+
     def open(self) -> None:
         cfg = self.cfg
         self.open_run(cfg.checkpoint.path)
         self.last_checkpoint = time.time()
         params, moments = self.initial_params()
         self.num_params = len(params)
-        self.client.register_plugin(RunState(self.run_name, cfg, **self.plugin_options()),
-                                    name=self.run_name)
+        self._register_plugin(RunState(self.run_name, cfg, **self.plugin_options()))
         self.dashboard = rl_page(self.client)
         self.housekeeper = Housekeeper(self.client)
         if self.dashboard:
