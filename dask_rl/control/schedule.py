@@ -34,6 +34,14 @@ def target_confirmed(*, mean: float, std: float, episodes: int, target: float,
     evaluations (the winner's curse): an independent re-evaluation then falls short about
     half the time for marginal policies. A margin of a few standard errors keeps only
     policies whose true mean is very likely above the target.
+
+    How many: what a user checks is an independent evaluation of the same length, whose mean
+    differs from the confirmation's by a normal error of ``sqrt(2)`` standard errors. A
+    confirmation that clears the target by ``m`` standard errors is followed by a failing
+    re-evaluation with probability ``Phi(-m / sqrt(2))`` (ignoring the selection of lucky
+    confirmations, which only adds to it): 3.9% at ``m = 2.5``, 0.23% at the default ``m = 4``.
+    The suite re-evaluates every solved run of five seeds on 100 fresh episodes; at 2.5 that
+    failed once in nine suite runs (a confirmation of 485.4 +- 3.7, re-evaluated at 474.0).
     """
     return mean - margin * std / math.sqrt(max(episodes, 1)) >= target
 

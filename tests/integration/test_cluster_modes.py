@@ -239,7 +239,9 @@ def test_rendered_tls_settings_make_a_real_scheduler_and_worker_talk_tls_only(tm
                for e in container["env"] if "value" in e}
         return {k: v for k, v in out.items() if k.startswith("DASK_DISTRIBUTED__COMM")}
 
-    port = 8700 + os.getpid() % 200
+    from browser import free_port
+
+    port = free_port()  # a fixed port once landed on 8787, which another process held
     sched_env = {**os.environ, **env_of(sched)}
     worker_env = {**os.environ, **env_of(worker)}
     assert any(e["name"] == "DASK_SCHEDULER_ADDRESS" and e["value"].startswith("tls://")
