@@ -60,7 +60,7 @@ def with_env(cfg: PipelineConfig, env: Callable[..., Any] | str) -> PipelineConf
     if not (callable(env) or isinstance(env, str)):
         raise ConfigError(f"env: expected a gymnasium.Env class, a function or 'module:name', "
                           f"got {env!r}")
-    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, entry_point=env))
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, entry_point=env, id=None))
     check_environment(cfg)
     return cfg
 
@@ -190,17 +190,6 @@ def check_upload(paths: tuple[str, ...]) -> None:
                               f"directory, got {str(p)!r}")
 
 
-def check_trackers(cfg: PipelineConfig) -> None:
-    """The trackers a pipeline asks for are installed."""
-    import importlib.util
-
-    for key, wanted, package in (("tensorboard", cfg.logging.tensorboard, "tensorboard"),
-                                 ("mlflow", cfg.logging.mlflow is not None, "mlflow")):
-        if wanted and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"logging.{key}: the {package} package is not installed: "
-                              f"pip install 'dask-rl[{key}]'")
-
-
 def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, client: Any = None,
               address: str | None = None, workers: int | None = None) -> bool:
     """The checks that need no cluster: the run directory and, on an embedded cluster, the
@@ -211,7 +200,10 @@ def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, clien
     RunLock(run_dir).check()
     check_run_dir(cfg, run_dir, resume=resume)
     check_upload(cfg.cluster.upload)
-    check_trackers(cfg)
+    if cfg.logging.tensorboard or cfg.logging.mlflow is not None:
+        from dask_rl import tracking
+
+        tracking.check(cfg)
     embedded = client is None and address is None and cfg.cluster.kind == "local" \
         and cfg.cluster.address is None
     if embedded:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--sweep-dir", help="where the trials' run directories and the study go")
     w.add_argument("--resume", action="store_true", help="finish the sweep in --sweep-dir")
     w.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    w.add_argument("--sampler", choices=("tpe", "random"), default="tpe",
+                   help="Optuna's sampler (default tpe)")
     w.add_argument("--prune-warmup", type=int, default=3,
                    help="evaluations a trial makes before it may be pruned (default 3)")
     w.add_argument("--address", help="scheduler address of an existing Dask cluster")
@@ -208,6 +211,12 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
+    if args.video:
+        from dask_rl.policy import require
+
+        require("imageio_ffmpeg", "video", "--video")
+        # MuJoCo renders off-screen; without a display, EGL is the backend that works
+        os.environ.setdefault("MUJOCO_GL", "egl")
     ckpt = Path(args.run_dir) / "checkpoints"
     if not ckpt.exists():
         raise ConfigError(f"{args.run_dir}: no checkpoints/ here; is it a run directory?")
@@ -231,8 +240,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from dask_rl.api import resolve
-    from dask_rl.sweeps import load_space, sweep, table
+    from dask_rl.sweeps import check_installed, load_space, sweep, table
 
+    check_installed()
     cfg = resolve(args.pipeline, args.overrides)
     load_space(args.space, cfg)   # bad input fails here, before any cluster
     if args.resume and not args.sweep_dir:
@@ -251,12 +261,14 @@ def _sweep(args: argparse.Namespace) -> int:
     result = sweep(args.pipeline, args.space, trials=args.trials, parallel=args.parallel,
                    sweep_dir=sweep_dir, resume=args.resume, address=args.address,
                    workers=args.workers, seed=args.seed, overrides=args.overrides,
-                   prune_warmup=args.prune_warmup, on_trial=report)
+                   prune_warmup=args.prune_warmup, sampler=args.sampler, on_trial=report)
     print(table(result))
     if result.best is not None:
-        print(f"dask-rl: best: trial {result.best['trial']}, {result.best['value']:.1f}; its "
-              f"pipeline in {sweep_dir / 'best.yaml'}, every trial in "
-              f"{sweep_dir / 'results.json'}", file=sys.stderr)
+        best = result.best
+        params = ", ".join(f"{k}={v!r}" for k, v in best["params"].items())
+        print(f"\nbest: trial {best['trial']}, return {best['value']:.1f}: {params}")
+        print(f"dask-rl: the best trial's whole pipeline is in {sweep_dir / 'best.yaml'}; every "
+              f"trial in {sweep_dir / 'results.json'} and results.md", file=sys.stderr)
     return 0
 
 

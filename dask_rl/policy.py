@@ -39,7 +39,7 @@ from dask_rl.algos import registry
 from dask_rl.checkpoint import CheckpointError, CheckpointStore
 from dask_rl.config import ConfigError, PipelineConfig, from_dict
 from dask_rl.data import PolicySnapshot
-from dask_rl.envs import env_spaces, make_env, space_from_dict
+from dask_rl.envs import env_spaces, is_atari, make_env, space_from_dict
 from dask_rl.models import load_snapshot, make_model, make_policy
 
 FORMATS = ("torchscript", "onnx")
@@ -54,6 +54,7 @@ class Policy(nn.Module):
         super().__init__()
         self.net = net.eval()
         self.deterministic_net = deterministic_net   # ES: the net maps obs to actions itself
+        self.value_based = registry.get(cfg.algo.name).family == "replay"
         self.observation_space, self.action_space = observation_space, action_space
         self.cfg, self.version = cfg, version
         self.clip = isinstance(action_space, spaces.Box) and not deterministic_net
@@ -81,8 +82,9 @@ class Policy(nn.Module):
             x = x.unsqueeze(0)
         if deterministic:
             out = self.forward(x)
-        elif self.deterministic_net:
-            raise ValueError("an evolution-strategies policy is deterministic; "
+        elif self.deterministic_net or self.value_based:
+            raise ValueError("this policy acts greedily only (evolution strategies: a "
+                             "deterministic net; DQN: action values, not a distribution); "
                              "use deterministic=True")
         else:
             out = self.net.policy(x).sample()
@@ -101,10 +103,17 @@ class Policy(nn.Module):
 
 def record_video(policy: Policy, out: str | Path, *, seed: int = 0) -> dict[str, Any]:
     """Play one greedy episode and write it as a video (imageio): one frame per action, the
-    frame the policy acted on, so the video has as many frames as the episode has steps."""
+    frame the policy acted on, so the video has as many frames as the episode has steps
+    (Gymnasium's ``RecordVideo`` also films the final state: one more). Atari plays at the
+    speed of its 4-frame skips. MuJoCo renders off-screen: ``MUJOCO_GL=egl`` where no display
+    is (the CLI sets it when unset)."""
     import imageio.v2 as imageio
 
-    env = policy.make_env(render_mode="rgb_array")
+    try:
+        env = policy.make_env(render_mode="rgb_array")
+    except TypeError as e:
+        raise ConfigError(f"--video: the environment does not take render_mode='rgb_array' "
+                          f"({e})") from None
     try:
         obs, _ = env.reset(seed=seed)
         frames, total, done = [env.render()], 0.0, False
@@ -117,10 +126,12 @@ def record_video(policy: Policy, out: str | Path, *, seed: int = 0) -> dict[str,
         fps = int(env.metadata.get("render_fps") or 30)
     finally:
         env.close()
+    if is_atari(policy.cfg.env):
+        fps = max(1, fps // 4)   # one frame per agent step, each 4 emulator frames
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # macro_block_size=1: frames whose sides are not multiples of 16 keep their size
-    imageio.mimwrite(out, frames, fps=fps, macro_block_size=1)
+    # macro_block_size=2: H.264 needs even sides; frames keep their size otherwise
+    imageio.mimwrite(out, frames, fps=fps, macro_block_size=2)
     return {"video": str(out), "video_frames": len(frames), "video_return": total}
 
 
@@ -176,6 +187,14 @@ def policy_from_store(store: CheckpointStore, checkpoint: str | None = None) -> 
                   version=snapshot.version)
 
 
+def require(module: str, extra: str, what: str) -> None:
+    """One line (exit 2) instead of an ImportError traceback when an extra is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{what} needs the {module} package: pip install 'dask-rl[{extra}]'")
+
+
 def example_observations(policy: Policy, n: int = 2, seed: int = 0) -> torch.Tensor:
     """``n`` observations sampled from the policy's observation space (for tracing)."""
     space = policy.observation_space
@@ -189,6 +208,8 @@ def export(policy: Policy, out: str | Path, fmt: str = "torchscript") -> Path:
     ``<file>.json`` says what goes in and comes out."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "onnx":
+        require("onnxscript", "export", "ONNX export")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     example = example_observations(policy)
@@ -199,7 +220,10 @@ def export(policy: Policy, out: str | Path, fmt: str = "torchscript") -> Path:
         batch = torch.export.Dim("batch")
         program = torch.onnx.export(policy, (example,), input_names=["obs"],
                                     output_names=["action"], dynamic_shapes=({0: batch},),
-                                    verbose=False)
+                                    dynamo=True, verbose=False)
+        if program is None:
+            raise RuntimeError("torch.onnx.export returned nothing: ONNX export needs torch "
+                               ">= 2.5 with onnxscript (pip install 'dask-rl[export]')")
         program.save(str(out))
     sidecar = {"format": fmt, "env": policy.cfg.env.name, "algorithm": policy.cfg.algo.name,
                "version": policy.version, "input": {"name": "obs", "shape": [

@@ -11,12 +11,15 @@ and Optuna's ``MedianPruner`` stops a trial whose evaluation falls below the med
 trials before it at the same step (from its evaluation ``prune_warmup + 1`` on: the first
 ones are noisy).
 
-The study lives in ``SWEEP_DIR/optuna.journal`` (Optuna's ``JournalFileBackend``): after the
-sweep's driver is killed, ``--resume`` reloads it, keeps every finished trial (complete or
-pruned), marks the trials that were running as failed and asks for their parameters again,
-and runs until ``N`` trials have finished. At the end (and after every trial)
-``SWEEP_DIR/results.json`` holds the table and ``SWEEP_DIR/best.yaml`` the best trial's full
-pipeline.
+The study lives in ``SWEEP_DIR/optuna.journal`` (Optuna's ``JournalFileBackend``), the
+pipeline and space in ``SWEEP_DIR/sweep.json``: after the sweep's driver is killed, ``--resume``
+(with the same pipeline and space, or it refuses) reloads it, keeps every finished trial
+(complete, pruned or failed), marks the trials that were running as interrupted and asks for
+their parameters again, and runs until ``N`` trials have had their turn. Three failed trials
+in a row stop the sweep (one line naming the last reason). After every trial
+``SWEEP_DIR/results.json`` and ``results.md`` hold the table and ``SWEEP_DIR/best.yaml`` the
+best trial's full pipeline. The sampler is TPE (with the constant-liar heuristic, so that
+trials running at once do not all sample one region) or, with ``--sampler random``, random.
 
 The space file maps pipeline keys to distributions::
 
@@ -29,8 +32,11 @@ The space file maps pipeline keys to distributions::
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import importlib.util
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,20 +64,24 @@ class SweepResult:
     best: dict | None = None
 
 
-def load_space(path: str | Path, cfg: PipelineConfig) -> dict[str, dict]:
-    """The space file, checked: every key a pipeline key, every entry a distribution."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--space: no such file, got {str(path)!r}")
-    try:
-        space = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not YAML ({' '.join(str(e).split())[:200]})") from None
+def load_space(space: str | Path | dict, cfg: PipelineConfig) -> dict[str, dict]:
+    """The space (a YAML file or a mapping), checked: every key a pipeline key, every entry a
+    distribution, every corner a valid pipeline."""
+    name = "space"
+    if not isinstance(space, dict):
+        path = Path(space)
+        name = path.name
+        if not path.is_file():
+            raise ConfigError(f"--space: no such file, got {str(path)!r}")
+        try:
+            space = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not YAML ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(space, dict) or not space:
-        raise ConfigError(f"{path}: expected a mapping of pipeline keys to distributions")
+        raise ConfigError(f"{name}: expected a mapping of pipeline keys to distributions")
     for key, spec in space.items():
-        where = f"{path.name}: {key}"
-        if cfg.lookup(str(key)) is None and not str(key).startswith("algo."):
+        where = f"{name}: {key}"
+        if not _has_key(cfg, str(key)):
             raise ConfigError(f"{where}: not a key of the pipeline")
         if not isinstance(spec, dict):
             raise ConfigError(f"{where}: expected {{low, high[, log, int]}} or {{choices}}, "
@@ -89,6 +99,16 @@ def load_space(path: str | Path, cfg: PipelineConfig) -> dict[str, dict]:
         for value in (spec["choices"] if "choices" in spec else (spec["low"], spec["high"])):
             resolve(cfg, [f"{key}={json.dumps(value)}"])
     return space
+
+
+def _has_key(cfg: Any, key: str) -> bool:
+    node = cfg
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(node) or part not in {
+                f.name for f in dataclasses.fields(node)}:
+            return False
+        node = getattr(node, part)
+    return not dataclasses.is_dataclass(node)   # a value, not a section
 
 
 def suggest(trial: Any, space: dict[str, dict]) -> dict[str, Any]:
@@ -110,7 +130,10 @@ def _overrides(params: dict[str, Any]) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in params.items()]
 
 
-def _study(sweep_dir: Path, *, resume: bool, seed: int, prune_warmup: int):
+SAMPLERS = ("tpe", "random")
+
+
+def _study(sweep_dir: Path, *, resume: bool, seed: int, prune_warmup: int, sampler: str):
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -123,85 +146,119 @@ def _study(sweep_dir: Path, *, resume: bool, seed: int, prune_warmup: int):
     if resume:
         asked = len(optuna.load_study(study_name=STUDY, storage=storage).get_trials(
             deepcopy=False))
+    draws = seed + asked
+    chosen = (optuna.samplers.RandomSampler(seed=draws) if sampler == "random" else
+              # constant liar: trials running at once do not all sample the same region
+              optuna.samplers.TPESampler(seed=draws, constant_liar=True))
     return optuna.create_study(
         study_name=STUDY, storage=storage, load_if_exists=resume, direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=seed + asked),
+        sampler=chosen,
         # the first evaluations are noisy (a few episodes, early in training): no pruning
         # before a trial's evaluation prune_warmup + 1
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=prune_warmup))
 
 
-def _requeue_interrupted(study: Any) -> int:
-    """Trials a killed driver left running: failed, and their parameters asked for again."""
+def _requeue_interrupted(study: Any, sweep_dir: Path) -> int:
+    """Trials a killed driver left running: failed, their parameters asked for again, and
+    their numbers kept in ``interrupted.json`` (they do not count as finished trials)."""
     from optuna.trial import TrialState
 
     stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
     for t in stale:
         study.tell(t.number, state=TrialState.FAIL)
         study.enqueue_trial(t.params, skip_if_exists=False)
+    _write_json(sweep_dir / "interrupted.json",
+                sorted(set(_interrupted(sweep_dir)) | {t.number for t in stale}))
     return len(stale)
+
+
+def _interrupted(sweep_dir: Path) -> list[int]:
+    path = sweep_dir / "interrupted.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Written whole or not at all (readers never see half a file)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+MAX_FAILURES_IN_A_ROW = 3
 
 
 def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: str | Path,
           parallel: int = 2, resume: bool = False, client: Any = None,
           address: str | None = None, workers: int | None = None, seed: int = 0,
-          overrides: list[str] | None = None, prune_warmup: int = 3,
+          overrides: list[str] | None = None, prune_warmup: int = 3, sampler: str = "tpe",
           on_trial: Callable[[dict], None] | None = None) -> SweepResult:
     """Run (or, with ``resume``, finish) a sweep of ``trials`` trials, ``parallel`` at once on
     one cluster (``client``, ``address`` or the pipeline's own); see the module doc."""
     from optuna.trial import TrialState
 
     cfg = resolve(pipeline, overrides or [])
-    if isinstance(space, dict):
-        space_path = None
-        spec = space
-    else:
-        space_path = Path(space)
-        spec = load_space(space_path, cfg)
+    spec = load_space(space, cfg)
     if trials < 1 or parallel < 1 or prune_warmup < 0:
         raise ConfigError(f"--trials and --parallel must be >= 1, --prune-warmup >= 0, got "
                           f"{trials}, {parallel}, {prune_warmup}")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"--sampler: must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     sweep_dir = Path(sweep_dir)
     journal = sweep_dir / JOURNAL
-    if resume and not journal.exists():
-        raise ConfigError(f"--resume: no sweep in {sweep_dir} (no {JOURNAL})")
-    if not resume and sweep_dir.exists() and any(sweep_dir.iterdir()):
+    what = {"pipeline": public_dict(cfg), "space": spec}
+    if resume:
+        if not journal.exists():
+            raise ConfigError(f"--resume: no sweep in {sweep_dir} (no {JOURNAL})")
+        before = json.loads((sweep_dir / "sweep.json").read_text())
+        for key in ("pipeline", "space"):
+            if json.dumps(before[key], sort_keys=True) != json.dumps(what[key], sort_keys=True):
+                raise ConfigError(f"--resume: the {key} differs from the sweep's in "
+                                  f"{sweep_dir}; resume with the one it started with")
+    elif sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise ConfigError(f"{sweep_dir}: holds a sweep already; --resume continues it, or "
                           f"choose another --sweep-dir")
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    study = _study(sweep_dir, resume=resume, seed=seed, prune_warmup=prune_warmup)
+    if not resume:
+        _write_json(sweep_dir / "sweep.json", what)
+    study = _study(sweep_dir, resume=resume, seed=seed, prune_warmup=prune_warmup,
+                   sampler=sampler)
     if resume:
-        again = _requeue_interrupted(study)
+        again = _requeue_interrupted(study, sweep_dir)
         if again:
             logger.warning("resuming: %d trial(s) the killed sweep left running will run again",
                            again)
+    interrupted = set(_interrupted(sweep_dir))
     lock = threading.Lock()
     result = SweepResult(sweep_dir)
+    failures: list[str] = []   # reasons of the trials that failed in a row
 
-    def finished() -> int:
-        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                   for t in study.get_trials(deepcopy=False))
+    def counted() -> int:
+        """Trials that took their turn: complete, pruned, failed (not interrupted), or
+        running."""
+        return sum(t.state != TrialState.WAITING and not (
+            t.state == TrialState.FAIL and t.number in interrupted)
+            for t in study.get_trials(deepcopy=False))
 
     def one_trial(c: Any) -> bool:
         """Ask for a trial and run it; False when the sweep has all it needs."""
         with lock:
-            running = sum(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
-            if finished() + running >= trials:
+            if counted() >= trials or len(failures) >= MAX_FAILURES_IN_A_ROW:
                 return False
             trial = study.ask()
-        params = suggest(trial, spec)
+            params = suggest(trial, spec)
         run_dir = sweep_dir / f"trial-{trial.number:03d}"
-        evaluations = []
+        reported = [0]
 
         def progress(p: Progress) -> None:
-            if p.eval_return is not None and (not evaluations or p.eval_return != evaluations[-1]):
-                evaluations.append(p.eval_return)
-                trial.report(float(p.eval_return), step=len(evaluations))
+            # the k-th screening evaluation is step k: a grid every trial shares
+            while reported[0] < len(p.screenings):
+                reported[0] += 1
+                trial.report(float(p.screenings[reported[0] - 1]), step=reported[0])
                 if trial.should_prune():
                     import optuna
 
-                    raise optuna.TrialPruned(f"evaluation {len(evaluations)}: "
-                                             f"{p.eval_return:.1f}")
+                    raise optuna.TrialPruned(f"screening {reported[0]}: "
+                                             f"{p.screenings[reported[0] - 1]:.1f}")
 
         t0 = time.time()
         row: dict[str, Any] = {"trial": trial.number, "params": params, "run_dir": str(run_dir)}
@@ -214,18 +271,22 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
             if isinstance(e, optuna.TrialPruned):
                 with lock:
                     study.tell(trial, state=TrialState.PRUNED)
-                row.update(state="PRUNED", value=None, evaluations=evaluations)
+                    failures.clear()
+                row.update(state="PRUNED", value=None)
             else:
-                logger.warning("trial %d failed: %s", trial.number, e)
+                reason = " ".join(str(e).split())[:300] or type(e).__name__
+                logger.warning("trial %d failed: %s", trial.number, reason)
                 with lock:
                     study.tell(trial, state=TrialState.FAIL)
-                row.update(state="FAIL", value=None, error=" ".join(str(e).split())[:300])
+                    failures.append(reason)
+                row.update(state="FAIL", value=None, error=reason)
         else:
             value = summary.get("final_return")
             with lock:
                 study.tell(trial, float(value) if value is not None else float("-inf"))
+                failures.clear()
             row.update(state="COMPLETE", value=value, solved=summary.get("solved"),
-                       env_steps=summary.get("env_steps"), evaluations=evaluations)
+                       env_steps=summary.get("env_steps"))
         row["wall_s"] = time.time() - t0
         with lock:
             _write_results(study, sweep_dir, cfg, result)
@@ -250,9 +311,17 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
         with connect(cfg.cluster, address=address, n_workers=workers) as c:
             run_all(c)
     _write_results(study, sweep_dir, cfg, result)
-    if space_path is not None:
-        (sweep_dir / "space.yaml").write_text(space_path.read_text())
+    if len(failures) >= MAX_FAILURES_IN_A_ROW:
+        raise RuntimeError(f"sweep stopped: {len(failures)} trials failed in a row; the last: "
+                           f"{failures[-1]}")
     return result
+
+
+def check_installed() -> None:
+    """Optuna is there (extra ``sweep``), said in one line before any cluster starts."""
+    if importlib.util.find_spec("optuna") is None:
+        raise ConfigError("sweep: the optuna package is not installed: "
+                          "pip install 'dask-rl[sweep]'")
 
 
 def _write_results(study: Any, sweep_dir: Path, cfg: PipelineConfig,
@@ -263,8 +332,10 @@ def _write_results(study: Any, sweep_dir: Path, cfg: PipelineConfig,
     rows = []
     for t in study.get_trials(deepcopy=False):
         run_dir = sweep_dir / f"trial-{t.number:03d}"
-        summary_file = run_dir / "summary.json"
-        summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+        except (OSError, ValueError):   # not written (pruned, failed) or being written
+            summary = {}
         rows.append({"trial": t.number, "state": t.state.name, "value": t.value,
                      "params": t.params, "evaluations": list(t.intermediate_values.values()),
                      "solved": summary.get("solved"), "env_steps": summary.get("env_steps"),
@@ -277,10 +348,12 @@ def _write_results(study: Any, sweep_dir: Path, cfg: PipelineConfig,
         best_cfg = resolve(cfg, _overrides(best.params))
         result.best = {"trial": best.number, "value": best.value, "params": best.params,
                        "run_dir": str(sweep_dir / f"trial-{best.number:03d}")}
-        (sweep_dir / "best.yaml").write_text(
-            yaml.safe_dump(public_dict(best_cfg), sort_keys=False))
-    (sweep_dir / "results.json").write_text(json.dumps(
-        {"best": result.best, "trials": rows, "pipeline": public_dict(cfg)}, indent=2))
+        tmp = sweep_dir / "best.yaml.tmp"
+        tmp.write_text(yaml.safe_dump(public_dict(best_cfg), sort_keys=False))
+        os.replace(tmp, sweep_dir / "best.yaml")
+    _write_json(sweep_dir / "results.json",
+                {"best": result.best, "trials": rows, "pipeline": public_dict(cfg)})
+    (sweep_dir / "results.md").write_text(table(result) + "\n")
 
 
 def table(result: SweepResult) -> str:

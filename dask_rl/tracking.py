@@ -17,7 +17,9 @@ already has a section (``learner/...``, ``actor/...``).
 * **MLflow** (``logging.mlflow``): one MLflow run per dask-rl run, its id kept in
   ``RUN_DIR/mlflow.json`` so that ``--resume`` continues it; the pipeline as params
   (``section.key``, secrets redacted as everywhere), metrics batched every few seconds, and at
-  the end the exported TorchScript policy and ``summary.json`` as artifacts (extra ``mlflow``).
+  the end the exported TorchScript policy (and its JSON sidecar) as artifacts, the summary's
+  numbers as ``summary/...`` metrics (extra ``mlflow``). A pipeline whose tracking URI does
+  not answer stops before any cluster starts.
 
 Trackers are best effort, like the dashboard: a tracker that fails logs one warning and the run
 goes on; ``metrics.jsonl`` stays the record.
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dask_rl.config.loader import public_dict
-from dask_rl.config.schema import PipelineConfig
+from dask_rl.config.schema import ConfigError, PipelineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,39 @@ def flat_params(cfg: PipelineConfig) -> dict[str, str]:
 
     walk("", public_dict(cfg))
     return out
+
+
+def check(cfg: PipelineConfig) -> None:
+    """Before any cluster starts: the trackers the pipeline asks for are installed, and an
+    MLflow tracking URI answers (one try, no retries). A :class:`ConfigError` otherwise."""
+    import importlib.util
+    import os
+
+    for key, wanted, package in (("tensorboard", cfg.logging.tensorboard, "tensorboard"),
+                                 ("mlflow", cfg.logging.mlflow is not None, "mlflow")):
+        if wanted and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"logging.{key}: the {package} package is not installed: "
+                              f"pip install 'dask-rl[{key}]'")
+    if cfg.logging.mlflow is None:
+        return
+    from mlflow.tracking import MlflowClient
+
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+                                            "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="10")
+    try:
+        MlflowClient(tracking_uri=cfg.logging.mlflow.tracking_uri).search_experiments(
+            max_results=1)
+    except Exception as e:
+        raise ConfigError(f"logging.mlflow.tracking_uri: cannot reach MLflow there "
+                          f"({' '.join(str(e).split())[:200]}), got "
+                          f"{cfg.logging.mlflow.tracking_uri!r}") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class Trackers:
@@ -132,14 +167,15 @@ class Trackers:
                                      "tracking_uri": self.mlflow.tracking_uri}))
 
     def write(self, record: dict[str, Any]) -> None:
-        """One record, as ``metrics.jsonl`` got it."""
+        """One record, as ``metrics.jsonl`` got it (a tracker that failed is off for good:
+        retrying a server that went away would stall the run on every record)."""
         step = record.get("env_steps")
         values = scalars(record)
         if not values or step is None:
             return
-        if self.writer is not None:
+        if self.writer is not None and "tensorboard" not in self.failed:
             self._guard("tensorboard", self._tensorboard, values, int(step))
-        if self.mlflow is not None:
+        if self.mlflow is not None and "mlflow" not in self.failed:
             from mlflow.entities import Metric
 
             ms = int(1000 * record.get("time", time.time()))
@@ -161,9 +197,8 @@ class Trackers:
         try:
             fn(*args)
         except Exception as e:  # best effort, like the dashboard: the run goes on
-            if name not in self.failed:
-                logger.warning("%s tracking failed (%s); metrics.jsonl keeps every record",
-                               name, e)
+            logger.warning("%s tracking failed (%s); it is off for the rest of the run, and "
+                           "metrics.jsonl keeps every record", name, e)
             self.failed.add(name)
 
     def finish(self, *, status: str = "FINISHED", artifacts: list[tuple[Path, str]] = ()
@@ -173,7 +208,7 @@ class Trackers:
         if self.writer is not None:
             self._guard("tensorboard", self.writer.close)
             self.writer = None
-        if self.mlflow is not None:
+        if self.mlflow is not None and "mlflow" not in self.failed:
             self._guard("mlflow", self._flush)
             for path, where in artifacts:
                 self._guard("mlflow", self.mlflow.log_artifact, self.run_id, str(path), where)

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import re
 import types
 import typing
 from typing import Any, Literal, Mapping, Union
@@ -33,9 +34,12 @@ from dask_rl.config.schema import (
     AggregationConfig,
     AlgoConfig,
     ConfigError,
+    EnvConfig,
     PipelineConfig,
     entry_point_text,
 )
+
+DEFAULT_ENV_ID = EnvConfig().id
 
 __all__ = ["load_pipeline", "from_dict", "apply_overrides", "to_dict", "variant_classes"]
 
@@ -145,12 +149,16 @@ def from_dict(data: Mapping[str, Any], *, check_env: bool = True) -> PipelineCon
         raise ConfigError(f"pipeline: expected a mapping, got {_show(data)}")
     check_size(data)
     _check_population(data)
+    env = data.get("env")
+    if isinstance(env, Mapping) and env.get("entry_point") is not None:
+        # an entry point names the environment: an id beside it would be a second name (the
+        # default, or None as saved configs have it, is no name)
+        if env.get("id") not in (None, DEFAULT_ENV_ID):
+            raise ConfigError(f"env: give id or entry_point, not both, got id "
+                              f"{_show(env['id'])} and entry_point {_show(env['entry_point'])}")
+        data = {**data, "env": {**env, "id": None}}
     cfg = _build(PipelineConfig, {"algo": {}, "aggregation": {}, **data}, "")
     _check_replay(cfg)
-    env = data.get("env") if isinstance(data.get("env"), Mapping) else {}
-    if "id" in env and env.get("entry_point") is not None:
-        raise ConfigError(f"env: give id or entry_point, not both, got id {_show(env['id'])} "
-                          f"and entry_point {_show(env['entry_point'])}")
     if check_env:
         check_environment(cfg)
     return cfg
@@ -270,13 +278,17 @@ REDACTED = "<redacted>"
 
 def public_dict(cfg: Any) -> dict:
     """:func:`to_dict` for what leaves the driver (metrics, events, checkpoints, the job's
-    ConfigMap): literal ``cluster.kubernetes.env`` values are replaced by
-    :data:`REDACTED` (they may be credentials); ``secretKeyRef`` references are kept."""
+    ConfigMap, MLflow params): literal ``cluster.kubernetes.env`` values are replaced by
+    :data:`REDACTED` (they may be credentials), ``secretKeyRef`` references are kept, and so
+    is the user part of an MLflow tracking URI."""
     data = to_dict(cfg)
     env = (data.get("cluster") or {}).get("kubernetes", {}).get("env") or {}
     for name, value in env.items():
         if not isinstance(value, dict):
             env[name] = REDACTED
+    mlflow = (data.get("logging") or {}).get("mlflow") or {}
+    if isinstance(mlflow.get("tracking_uri"), str):   # http://user:password@host: no password
+        mlflow["tracking_uri"] = re.sub(r"//[^/@]*@", f"//{REDACTED}@", mlflow["tracking_uri"])
     return data
 
 

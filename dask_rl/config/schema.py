@@ -16,6 +16,7 @@ so every layer can read it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -69,9 +70,11 @@ class AggregationConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-    id: str = option("CartPole-v1", "Gymnasium id, e.g. CartPole-v1, ALE/Pong-v5, Hopper-v5, or "
-                                    "module:id for an environment that module registers when "
-                                    "imported (Gymnasium's own form, e.g. my_pkg.envs:MyEnv-v0)")
+    id: str | None = option("CartPole-v1", "Gymnasium id, e.g. CartPole-v1, ALE/Pong-v5, "
+                                           "Hopper-v5, or module:id for an environment that "
+                                           "module registers when imported (Gymnasium's own "
+                                           "form, e.g. my_pkg.envs:MyEnv-v0); None with "
+                                           "entry_point")
     entry_point: str | Callable[..., Any] | None = option(
         None, "instead of an id: module:name of a function or gymnasium.Env class that makes "
               "one environment, called with env.kwargs (from Python, the callable itself)")
@@ -86,20 +89,31 @@ class EnvConfig:
     normalize_reward: bool = option(False, "scale rewards by the running std of discounted "
                                            "returns, clipped to +-10 (MuJoCo)")
 
+    def __post_init__(self) -> None:
+        if self.id is None and self.entry_point is None:
+            raise ConfigError("id: give a Gymnasium id, or env.entry_point, got None")
+
     @property
     def name(self) -> str:
         """What the run calls its environment: the id, or the entry point as module:name."""
         if self.entry_point is None:
-            return self.id
+            return str(self.id)
         return entry_point_text(self.entry_point)
 
 
 def entry_point_text(entry_point: Any) -> str:
-    """``module:name`` of an entry point given as text or as the callable itself."""
+    """``module:name`` of an entry point given as text or as the callable itself; stable (no
+    memory addresses), so that a resumed run recognises its environment."""
     if isinstance(entry_point, str):
         return entry_point
-    module = getattr(entry_point, "__module__", None) or "?"
-    return f"{module}:{getattr(entry_point, '__qualname__', repr(entry_point))}"
+    if isinstance(entry_point, functools.partial):
+        inner = entry_point_text(entry_point.func)
+        keys = ", ".join(f"{k}={v!r}" for k, v in sorted(entry_point.keywords.items()))
+        return f"{inner}({keys})" if keys else inner
+    target = entry_point if hasattr(entry_point, "__qualname__") else type(entry_point)
+    suffix = "" if target is entry_point else "()"   # a callable object: its class
+    module = getattr(target, "__module__", None) or "?"
+    return f"{module}:{target.__qualname__}{suffix}"
 
 
 @dataclass(frozen=True, kw_only=True)

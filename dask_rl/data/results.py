@@ -166,3 +166,4 @@ class Progress:
     steps_per_s: float
     eval_return: float | None = None
     dashboard: str | None = None
+    screenings: tuple[float, ...] = ()   # every screening evaluation's return so far, in order

@@ -166,6 +166,13 @@ def _round_trip(env: EnvConfig, discrete_actions: bool) -> str | None:
         if not isinstance(act_space, ACTIONS):
             return (f"action space {act_space} is not supported (dask-rl acts in Box, "
                     f"Discrete and MultiDiscrete spaces)")
+        if isinstance(act_space, spaces.Box) and len(act_space.shape) != 1:
+            return f"action space {act_space}: a Box of actions must be 1-D"
+        if len(obs_space.shape) == 3 and obs_space.dtype == np.uint8 and not (
+                obs_space.shape[0] <= 16 and min(obs_space.shape[1:]) >= 36):
+            return (f"observation space {obs_space}: image observations go to the Nature CNN "
+                    f"channels first, (C, H, W) with C <= 16 and H, W >= 36 (e.g. Gymnasium's "
+                    f"ResizeObservation and a transpose of HWC frames)")
         if discrete_actions and not isinstance(act_space, spaces.Discrete):
             return f"action space {act_space}: this algorithm needs Discrete actions"
         if np.any(getattr(act_space, "start", 0) != 0):
@@ -175,7 +182,14 @@ def _round_trip(env: EnvConfig, discrete_actions: bool) -> str | None:
         out = made.reset(seed=0)
         if not (isinstance(out, tuple) and len(out) == 2):
             return "reset() must return (obs, info), Gymnasium's API"
-        if not made.observation_space.contains(out[0]):
+        obs = out[0]
+        if isinstance(made.observation_space, spaces.Box):
+            obs = np.asarray(obs)
+            if obs.shape != made.observation_space.shape:
+                return (f"reset() returned an observation of shape {obs.shape}, the space "
+                        f"says {made.observation_space.shape}")
+            obs = obs.astype(made.observation_space.dtype)  # float64 for float32 is fine
+        if not made.observation_space.contains(obs):
             return (f"reset() returned an observation outside the observation space "
                     f"{made.observation_space}")
         act_space.seed(0)

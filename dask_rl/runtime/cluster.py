@@ -5,7 +5,9 @@ adaptive scaling driven by the scheduler-side RL policy (:mod:`dask_rl.runtime.a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -72,23 +74,40 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
 
 
 def upload(client: Client, paths: tuple[str, ...]) -> None:
-    """Send ``cluster.upload`` to every worker (and, by Dask's plugin, to workers that join
-    later) with ``Client.upload_file``, which puts it on the workers' ``sys.path`` and imports
-    it. A directory is zipped first: a package directory (with ``__init__.py``) as that package,
-    any other directory as its contents; zipped code is imported from the zip, so it must be
-    pure Python (compiled extensions belong in the workers' image)."""
+    """Send ``cluster.upload`` to every worker, and to workers that join later: each file as
+    Dask's ``UploadFile`` worker plugin (what ``Client.upload_file`` registers, without the
+    scheduler importing it too), which puts it on the workers' ``sys.path`` and imports it. A
+    directory is zipped first: a package directory (with ``__init__.py``) as that package, any
+    other directory as its contents (dot-directories and ``__pycache__`` left out); zipped code
+    is imported from the zip, so it must be pure Python (compiled extensions belong in the
+    workers' image). A plugin is named by its content's hash, so the same code is sent once
+    per cluster however many runs (a sweep's trials) ask for it."""
+    from distributed.diagnostics.plugin import UploadFile
+
     with tempfile.TemporaryDirectory() as tmp:
         for p in map(Path, paths):
             if p.is_dir():
-                root = p.resolve().parent if (p / "__init__.py").exists() else p.resolve()
-                archive = Path(tmp) / f"{p.resolve().name}.zip"
+                src = p.resolve()
+                root = src.parent if (src / "__init__.py").exists() else src
+                archive = Path(tmp) / f"{src.name}.zip"
                 with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
-                    for f in sorted(p.resolve().rglob("*")):
-                        if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
-                            z.write(f, f.relative_to(root))
+                    for f in sorted(src.rglob("*")):
+                        rel = f.relative_to(root)
+                        if f.is_file() and f.suffix != ".pyc" and not any(
+                                part.startswith(".") or part == "__pycache__"
+                                for part in rel.parts):
+                            z.write(f, rel)
                 p = archive
-            client.upload_file(str(p), load=True)
-            logger.info("uploaded %s to the workers", p.name)
+            digest = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            named = p
+            if p.suffix != ".py":   # a module's file name is its import name; an archive's not
+                # distinct names on the workers for distinct contents (two src/ folders)
+                named = Path(tmp) / f"{p.stem}-{digest}{p.suffix}"
+                shutil.copyfile(p, named)
+            plugin = UploadFile(str(named), load=True)
+            plugin.idempotent = True   # the scheduler skips a name it has: sent once
+            client.register_plugin(plugin, name=f"dask-rl-upload-{digest}")
+            logger.info("uploaded %s to the workers as %s", p.name, named.name)
 
 
 def _security(cfg: ClusterConfig):

@@ -105,6 +105,7 @@ class Run(abc.ABC):
         self.confirmation: Evaluation | None = None   # the confirming evaluation, if any
         self.stop_reason: str | None = None
         self.t0 = time.time()
+        self.screenings: list[float] = []   # screening returns in order (sweeps prune on them)
         self.trackers: Trackers | None = None   # TensorBoard / MLflow, if the pipeline asks
         self.ended = False                       # the end record was written
 
@@ -214,6 +215,8 @@ class Run(abc.ABC):
 
     def _log_eval(self, result: Evaluation, purpose: str) -> None:
         self.last_eval = result
+        if purpose == "screening":
+            self.screenings.append(result.mean_return)
         ret = result.mean_return
         self.best_return = ret if self.best_return is None else max(self.best_return, ret)
         self.metrics.write("eval", {"env_steps": self.env_steps, "updates": self.updates,
@@ -264,7 +267,7 @@ class Run(abc.ABC):
             updates=self.updates if updates is None else updates,
             steps_per_s=self.steps_per_s() if steps_per_s is None else steps_per_s,
             eval_return=last if eval_return is None else eval_return,
-            dashboard=self.dashboard))
+            dashboard=self.dashboard, screenings=tuple(self.screenings)))
 
     def end(self, summary: RunSummary, *, omit: tuple[str, ...] = ()) -> RunSummary:
         """Write the run's end record (the summary, less the ``omit`` keys); returns it."""

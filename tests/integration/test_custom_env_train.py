@@ -55,6 +55,36 @@ def test_the_cli_trains_an_environment_by_module_and_id(tmp_path):
     assert s["solved"] and s["confirmation"]["mean_return"] >= 0.9, s
 
 
+def test_a_policy_trained_on_your_environment_comes_out(tmp_path):
+    """load_policy, export and a video of a run on an entry point (its saved config names the
+    environment by the entry point alone)."""
+    s = _cli(tmp_path, "entry_point: 'toyenvs.corridor:Corridor'")
+    assert s["solved"], s
+    run = tmp_path / "run"
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")])}
+    script = ("import sys, dask_rl, numpy as np\n"
+              "p = dask_rl.load_policy(sys.argv[1])\n"
+              "env = p.make_env(); obs, _ = env.reset(seed=0); steps = 0; done = False\n"
+              "while not done:\n"
+              "    obs, r, term, trunc, _ = env.step(p.act(obs))\n"
+              "    steps += 1; done = term or trunc\n"
+              "print(steps)\n")
+    walked = subprocess.run([sys.executable, "-c", script, str(run)], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert walked.returncode == 0 and walked.stdout.strip() == "5", walked.stderr[-2000:]
+    out = tmp_path / "corridor.pt"
+    export = subprocess.run([sys.executable, "-m", "dask_rl.cli", "export", str(run),
+                             "-o", str(out)], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert export.returncode == 0 and out.exists(), export.stderr[-2000:]
+    video = subprocess.run([sys.executable, "-m", "dask_rl.cli", "evaluate", str(run),
+                            "--episodes", "1", "--video", str(tmp_path / "walk.mp4")],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert video.returncode == 0, video.stderr[-2000:]
+    assert json.loads(video.stdout)["video_frames"] == 5   # 5 steps right to the goal
+
+
 def test_the_cli_trains_an_environment_by_entry_point_with_kwargs(tmp_path):
     s = _cli(tmp_path, "entry_point: 'toyenvs.corridor:make_corridor', kwargs: {length: 5}")
     assert s["env_id"] == "toyenvs.corridor:make_corridor"

@@ -62,7 +62,36 @@ def trained(tmp_path_factory):
             dask_rl.train(root / pipeline, client=client, run_dir=run, overrides=[
                 *overrides, "stop.solve_on_target=false", "stop.eval_every_updates=0"])
             out[name] = run
+    _decisive_head(out["pong"])
     return out
+
+
+def _decisive_head(run: Path) -> None:
+    """A few Pong updates leave the policy near its init: the torso's features hardly move
+    between frames next to their mean, so one action wins on every frame, and equal actions
+    would not show that a file reads its input. The run gets one more checkpoint, its newest,
+    whose head reads the features' deviations from their mean over 300 frames (random weights
+    over the centred features; the torso untouched), so that the greedy action depends on the
+    frame."""
+    import torch
+
+    from dask_rl.checkpoint import CheckpointStore
+    from dask_rl.models import get_flat
+
+    store = CheckpointStore(run / "checkpoints")
+    state, meta, _ = store.load_latest_good()
+    policy = dask_rl.load_policy(run)
+    with torch.no_grad():
+        feats = policy.net.policy_features(torch.as_tensor(_observations(policy, 300, seed=9)))
+        centred = feats - feats.mean(0)
+        head = policy.net.pi_head
+        w = torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(0))
+        w /= centred.std() + 1e-8
+        head.weight.copy_(w)
+        head.bias.copy_(-(w @ feats.mean(0)))
+    state["actor"]["params"] = get_flat(policy.net)
+    meta.pop("replay", None)
+    store.save(state, meta=meta)
 
 
 def _observations(policy, n=1000, seed=0):
@@ -86,6 +115,9 @@ def test_exported_policies_act_like_the_loaded_one_without_dask_rl(trained, fami
     obs = _observations(policy)
     expected = policy.act(obs)
     assert expected.shape[0] == 1000
+    # the policy tells observations apart: equal actions from a file that ignored its input
+    # would not pass
+    assert len(np.unique(expected, axis=0)) > 1, family
     if family == "hopper":  # the frozen statistics are inside: they are not the identity
         assert not np.allclose(policy.net.obs_norm.mean.numpy(), 0.0)
     np.save(tmp_path / "obs.npy", obs)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -99,7 +100,7 @@ def test_value_based_algorithms_need_discrete_actions():
 
 def test_an_id_and_an_entry_point_together_are_refused():
     with pytest.raises(ConfigError, match="give id or entry_point, not both"):
-        from_dict({"env": {"id": "CartPole-v1", "entry_point": "toyenvs.corridor:Corridor"}})
+        from_dict({"env": {"id": "Pendulum-v1", "entry_point": "toyenvs.corridor:Corridor"}})
 
 
 def test_multidiscrete_policy_is_independent_categoricals_per_component():
@@ -147,3 +148,57 @@ def test_a_bad_entry_point_exits_2_with_one_line_before_a_cluster(tmp_path):
     assert "env.entry_point: toyenvs.corridor has no 'nothing'" in lines[0], lines[0]
     assert proc.stdout.strip().endswith("NO_CLUSTER"), proc.stdout
     assert not (tmp_path / "run").exists()
+
+
+class _Float64Obs(gym.Env):
+    """Declares float32, returns float64 (common; Gymnasium's checker only warns)."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3), {}
+
+    def step(self, action):
+        return np.zeros(3), 0.0, True, False, {}
+
+
+class _HWCImage(_Float64Obs):
+    observation_space = spaces.Box(0, 255, (64, 64, 3), np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros((64, 64, 3), np.uint8), {}
+
+
+class _MatrixAction(_Float64Obs):
+    action_space = spaces.Box(-1.0, 1.0, (2, 3), np.float32)
+
+
+@pytest.mark.parametrize("env, problem", [
+    (_Float64Obs, None),
+    (_HWCImage, "image observations go to the Nature CNN channels first"),
+    (_MatrixAction, "a Box of actions must be 1-D"),
+])
+def test_space_checks_accept_float64_and_refuse_what_would_fail_on_the_workers(env, problem):
+    got = check_env(dataclasses.replace(_env(), entry_point=env, id=None))
+    assert got == problem or (problem is not None and problem in got), got
+
+
+def test_a_saved_entry_point_config_loads_again_and_its_name_is_stable():
+    import functools
+
+    from toyenvs.corridor import make_corridor
+
+    cfg = from_dict({"env": {"entry_point": "toyenvs.corridor:make_corridor"}})
+    saved = to_dict(cfg)
+    assert saved["env"]["id"] is None
+    assert from_dict(saved).env.name == "toyenvs.corridor:make_corridor"
+    partial = dataclasses.replace(cfg.env, entry_point=functools.partial(make_corridor, length=5))
+    assert partial.name == "toyenvs.corridor:make_corridor(length=5)"   # no memory address
+
+    class Maker:
+        def __call__(self):
+            return make_corridor()
+
+    assert dataclasses.replace(cfg.env, entry_point=Maker()).name.endswith("Maker()")
