@@ -44,9 +44,13 @@ from stats import bootstrap_ci  # noqa: E402
 # candidates: overrides of the pipeline as shipped ("shipped": none)
 CANDIDATES: dict[str, list[str]] = {
     "shipped": [],
-    "lr2.5e-4": ["learner.lr=2.5e-4"],
-    "lr2.5e-4_target8": ["learner.lr=2.5e-4", "algo.target_every=8"],
-    "anneal": ["learner.anneal_lr=true"],
+    "lr5e-4": ["learner.lr=5e-4"],
+    "target_every2": ["algo.target_every=2"],
+    # the settings before this benchmark (a [120, 84] net, 32 gradient steps of 128 per
+    # rollout, a target refresh every 4 updates, lr 5e-4, a 30k-step epsilon decay)
+    "previous": ["model.hidden=[120,84]", "algo.batch_size=128", "algo.updates_per_task=32",
+                 "algo.replay_ratio=8", "algo.target_every=4", "learner.lr=5e-4",
+                 "algo.eps_end=0.05", "algo.eps_decay_steps=30000"],
 }
 
 
@@ -55,8 +59,9 @@ def train(name: str, overrides: list[str], seed: int, budget: int | None) -> dic
         run = Path(tmp) / "run"
         extra = [f"stop.env_steps={budget}"] if budget else []
         cmd = [sys.executable, "-m", "dask_rl.cli", "train", str(PIPELINE), "--run-dir", str(run),
-               "--no-progress", "--set", "cluster.dashboard=false", f"seed={seed}",
-               *overrides, *extra]
+               "--no-progress"]
+        for setting in ["cluster.dashboard=false", f"seed={seed}", *overrides, *extra]:
+            cmd += ["--set", setting]
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         wall = time.time() - t0

@@ -105,7 +105,8 @@ class DQN(ReplayAlgorithm):
                                   batch["returns"] + batch["discounts"] * boot, batch["returns"])
         q = q_taken(model.q_values(batch["obs"]), batch["actions"])
         loss = td_loss(q, targets)
-        return loss, {"losses/td_loss": float(loss), "losses/q_values": float(q.mean())}
+        return loss, {"losses/td_loss": float(loss.detach()),
+                      "losses/q_values": float(q.detach().mean())}
 
     def epsilon(self, env_steps: int) -> float:
         return epsilon(env_steps, start=self.cfg.eps_start, end=self.cfg.eps_end,

@@ -28,13 +28,14 @@ RUNS = {  # pipeline, overrides: a few updates each, and a checkpoint at the end
     "pong": ("ppo_pong.yaml", ["stop.env_steps=2048", "env.num_envs=4", "rollout.steps=64"]),
 }
 
+# the exported files run in fresh interpreters: argv holds (file, observations, output) triples
 TORCHSCRIPT = """
 import sys
 sys.modules["dask_rl"] = None          # import dask_rl fails here
 import numpy as np, torch
-policy = torch.jit.load(sys.argv[1])
-obs = torch.as_tensor(np.load(sys.argv[2]))
-np.save(sys.argv[3], policy(obs).numpy())
+for model, obs, out in zip(*[iter(sys.argv[1:])] * 3):
+    policy = torch.jit.load(model)
+    np.save(out, policy(torch.as_tensor(np.load(obs))).numpy())
 """
 
 ONNX = """
@@ -42,9 +43,11 @@ import sys
 sys.modules["dask_rl"] = None          # neither dask-rl
 sys.modules["torch"] = None            # nor torch: onnxruntime alone
 import numpy as np, onnxruntime
-session = onnxruntime.InferenceSession(sys.argv[1])
-np.save(sys.argv[3], session.run(["action"], {"obs": np.load(sys.argv[2])})[0])
+for model, obs, out in zip(*[iter(sys.argv[1:])] * 3):
+    session = onnxruntime.InferenceSession(model)
+    np.save(out, session.run(["action"], {"obs": np.load(obs)})[0])
 """
+FORMATS = {"torchscript": TORCHSCRIPT, "onnx": ONNX}
 
 
 @pytest.fixture(scope="module")
@@ -109,31 +112,55 @@ def _observations(policy, n=1000, seed=0):
     return np.stack(seen)
 
 
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    """Every family in both formats (CartPole's through the CLI, the others through
+    ``dask_rl.policy.export``), run on 1,000 of its own observations in one fresh interpreter
+    per format."""
+    from dask_rl.policy import export
+
+    tmp = tmp_path_factory.mktemp("exported")
+    out = {}
+    for family, run in trained.items():
+        policy = dask_rl.load_policy(run)
+        obs = _observations(policy)
+        np.save(tmp / f"{family}.obs.npy", obs)
+        out[family] = {"policy": policy, "expected": policy.act(obs), "files": {}}
+        files = out[family]["files"]
+        for fmt in FORMATS:
+            files[fmt] = tmp / f"{family}.{fmt}"
+            if family == "cartpole":
+                cli = subprocess.run([sys.executable, "-m", "dask_rl.cli", "export", str(run),
+                                      "--format", fmt, "-o", str(files[fmt])],
+                                     capture_output=True, text=True, timeout=300)
+                assert cli.returncode == 0, cli.stderr[-3000:]
+            else:
+                export(policy, files[fmt], fmt)
+    for fmt, script in FORMATS.items():
+        args = [str(a) for family in trained for a in
+                (out[family]["files"][fmt], tmp / f"{family}.obs.npy", tmp / f"{family}.{fmt}.npy")]
+        run = subprocess.run([sys.executable, "-c", script, *args],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        for family in trained:
+            out[family][fmt] = np.load(tmp / f"{family}.{fmt}.npy")
+    return out
+
+
 @pytest.mark.parametrize("family", list(RUNS))
-def test_exported_policies_act_like_the_loaded_one_without_dask_rl(trained, family, tmp_path):
-    policy = dask_rl.load_policy(trained[family])
-    obs = _observations(policy)
-    expected = policy.act(obs)
+def test_exported_policies_act_like_the_loaded_one_without_dask_rl(exported, family):
+    result = exported[family]
+    policy, expected = result["policy"], result["expected"]
     assert expected.shape[0] == 1000
     # the policy tells observations apart: equal actions from a file that ignored its input
     # would not pass
     assert len(np.unique(expected, axis=0)) > 1, family
     if family == "hopper":  # the frozen statistics are inside: they are not the identity
         assert not np.allclose(policy.net.obs_norm.mean.numpy(), 0.0)
-    np.save(tmp_path / "obs.npy", obs)
-    for fmt, script in (("torchscript", TORCHSCRIPT), ("onnx", ONNX)):
-        out = tmp_path / f"policy.{fmt}"
-        cli = subprocess.run([sys.executable, "-m", "dask_rl.cli", "export", str(trained[family]),
-                              "--format", fmt, "-o", str(out)],
-                             capture_output=True, text=True, timeout=300)
-        assert cli.returncode == 0, cli.stderr[-3000:]
-        sidecar = json.loads(Path(f"{out}.json").read_text())
+    for fmt in FORMATS:
+        sidecar = json.loads(Path(f"{result['files'][fmt]}.json").read_text())
         assert sidecar["input"]["shape"][1:] == list(policy.observation_space.shape)
-        run = subprocess.run([sys.executable, "-c", script, str(out), str(tmp_path / "obs.npy"),
-                              str(tmp_path / f"{fmt}.npy")],
-                             capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-        got = np.load(tmp_path / f"{fmt}.npy")
+        got = result[fmt]
         if family == "hopper":   # continuous: float arithmetic may differ in the last bits
             np.testing.assert_allclose(got, expected, atol=1e-5, err_msg=fmt)
         else:

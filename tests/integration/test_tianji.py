@@ -29,7 +29,8 @@ def test_a_buffer_too_small_for_the_batch_is_grown_then_the_batch_shrinks(local_
     # to floor(0.2 x 600) = 120
     run = tmp_path / "small"
     result = dask_rl.train(pipelines / "dqn_cartpole.yaml", client=local_client, run_dir=run,
-                           overrides=["rollout.steps=50", "algo.buffer_size=400",
+                           overrides=["rollout.steps=50", "algo.batch_size=128",
+                                      "algo.replay_ratio=8", "algo.buffer_size=400",
                                       "algo.max_buffer_size=600", "algo.learning_starts=400",
                                       "algo.staleness_lambda=2",
                                       "algo.updates_per_task=4", "stop.env_steps=12000",
