@@ -67,6 +67,9 @@ class Allocation:
         return min(self.learner_rate, self.actor_rate)
 
 
+CHANGE_GAIN = 0.1  # a new allocation replaces the running one when it trains >10% faster
+
+
 def balance(*, learner_rate: float, actor_rate: float, slots: int,
             max_learners: int | None = None) -> Allocation:
     """The allocation of ``slots`` between learners and actors maximising
@@ -109,6 +112,22 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
     return Allocation(learners=n_l, actors=n_a, learner_rate=n_l * learner_rate,
                       actor_rate=n_a * actor_rate, lp_learners=lp_l, lp_actors=lp_a,
                       bound=bound)
+
+
+def worth_changing(current: Allocation | None, new: Allocation, *, learner_rate: float,
+                   actor_rate: float, slots: int, max_learners: int | None = None,
+                   gain: float = CHANGE_GAIN) -> bool:
+    """Whether ``new`` should replace the running allocation ``current``: always when there is
+    none or it no longer fits ``slots`` and the staleness bound; otherwise only when ``new``
+    trains faster by more than ``gain`` at these per-slot rates. Measured task times are noisy,
+    and near a tie the optimum would flip back and forth, each flip resizing the cluster."""
+    if current is None:
+        return True
+    cap = slots - 1 if max_learners is None else max(1, min(max_learners, slots - 1))
+    if current.learners + current.actors > slots or current.learners > cap:
+        return True
+    running = min(current.learners * learner_rate, current.actors * actor_rate)
+    return min(new.learners * learner_rate, new.actors * actor_rate) > (1 + gain) * running
 
 
 def operating_rule(staleness_ratio: float) -> str | None:

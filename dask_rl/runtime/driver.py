@@ -29,6 +29,7 @@ from dask_rl.algos import registry
 from dask_rl.checkpoint import Pending
 from dask_rl.config import public_dict
 from dask_rl.control.accounting import Accounting
+from dask_rl.control.allocation import worth_changing
 from dask_rl.control.launch import Discarded, LaunchPolicy
 from dask_rl.control.replay import TrajectoryReplay
 from dask_rl.control.scaling import Load, lp_allocation
@@ -487,10 +488,11 @@ class Driver(Trainer):
         a = lp_allocation(load)
         if a is None:
             return
-        old = self.allocation
-        self.allocation = a
-        if old is not None and (old.actors, old.learners) == (a.actors, a.learners):
+        if not worth_changing(self.allocation, a, learner_rate=1.0 / load.learner_s,
+                              actor_rate=1.0 / load.rollout_s, slots=load.max_threads,
+                              max_learners=load.max_learners):
             return
+        self.allocation = a
         self.metrics.write("allocation", {
             "actors": a.actors, "learners": a.learners, "bound": a.bound,
             "lp_actors": a.lp_actors, "lp_learners": a.lp_learners,

@@ -24,11 +24,17 @@ pytestmark = pytest.mark.smoke
 
 
 def budget(path: Path) -> list[str]:
-    """``--set`` overrides that shrink a pipeline's budget and nothing else."""
+    """``--set`` overrides that shrink a pipeline's budget (and a replay learner's warm-up)
+    and nothing else."""
     cfg = load_pipeline(path)
-    steps = STEPS if cfg.algo.name == "es" else max(
-        STEPS, 2 * cfg.batch_size, 2 * getattr(cfg.algo, "learning_starts", 0))
-    sets = [f"stop.env_steps={steps}", "stop.eval_episodes=1", "checkpoint.every_s=0"]
+    sets = []
+    # a replay learner starts after learning_starts transitions: half the budget here
+    starts = getattr(cfg.algo, "learning_starts", 0)
+    if starts > STEPS // 2:
+        starts = STEPS // 2
+        sets.append(f"algo.learning_starts={starts}")
+    steps = STEPS if cfg.algo.name == "es" else max(STEPS, 2 * cfg.batch_size, 2 * starts)
+    sets += [f"stop.env_steps={steps}", "stop.eval_episodes=1", "checkpoint.every_s=0"]
     if cfg.population is not None:
         sets += [f"population.ready_env_steps={steps // 2}", "population.eval_episodes=1"]
     return [arg for s in sets for arg in ("--set", s)]

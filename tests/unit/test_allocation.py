@@ -74,3 +74,25 @@ def test_one_learner_faster_than_every_actor_is_the_floor_not_a_balance():
     a = balance(learner_rate=100.0, actor_rate=1.0, slots=4)
     assert (a.learners, a.actors, a.bound) == (1, 3, "floor")
     assert a.throughput == 3.0
+
+
+def test_a_running_allocation_changes_only_for_a_clear_gain_or_when_it_no_longer_fits():
+    from dask_rl.control.allocation import Allocation, worth_changing
+
+    def alloc(n_l, n_a):
+        return Allocation(learners=n_l, actors=n_a, learner_rate=0.0, actor_rate=0.0,
+                          lp_learners=n_l, lp_actors=n_a, bound="balance")
+
+    # per-slot rates: a learner 10/s, an actor 5/s; 2 + 2 trains at min(20, 10) = 10/s
+    rates = {"learner_rate": 10.0, "actor_rate": 5.0, "slots": 4, "max_learners": 2}
+    assert worth_changing(None, alloc(2, 2), **rates)
+    # 1 + 3: min(10, 15) = 10/s, no faster: the running one stays
+    assert not worth_changing(alloc(2, 2), alloc(1, 3), **rates)
+    # at learner 10.5/s, actor 5/s: 1 + 3 gives 10.5 against 10, 5% faster: stays
+    assert not worth_changing(alloc(2, 2), alloc(1, 3), **{**rates, "learner_rate": 10.5})
+    # at learner 12/s: 12 against 10, 20% faster: changes
+    assert worth_changing(alloc(2, 2), alloc(1, 3), **{**rates, "learner_rate": 12.0})
+    # the cluster shrank to 3 slots: 2 + 2 no longer fits, whatever the gain
+    assert worth_changing(alloc(2, 2), alloc(1, 2), **{**rates, "slots": 3})
+    # the staleness bound fell to 1 learner
+    assert worth_changing(alloc(2, 2), alloc(1, 3), **{**rates, "max_learners": 1})
