@@ -70,6 +70,18 @@ class Allocation:
 CHANGE_GAIN = 0.1  # a new allocation replaces the running one when it trains >10% faster
 
 
+def learner_cap(slots: int, max_learners: int | None) -> int:
+    """The most learners ``slots`` allow: one slot stays an actor's, and the staleness bound
+    ``max_learners`` (None: none) caps them, but never below one."""
+    return slots - 1 if max_learners is None else max(1, min(max_learners, slots - 1))
+
+
+def trained_rate(n_l: int, n_a: int, learner_rate: float, actor_rate: float) -> float:
+    """``min(T_RL, T_RA) = min(r_L n_L, r_A n_A)`` for per-slot rates: what the pipeline
+    trains at with ``n_l`` learners and ``n_a`` actors."""
+    return min(n_l * learner_rate, n_a * actor_rate)
+
+
 def balance(*, learner_rate: float, actor_rate: float, slots: int,
             max_learners: int | None = None) -> Allocation:
     """The allocation of ``slots`` between learners and actors maximising
@@ -79,7 +91,7 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
         raise ValueError(f"rates must be > 0, got learner {learner_rate}, actor {actor_rate}")
     if slots < 2:
         raise ValueError(f"need at least 2 slots (a learner and an actor), got {slots}")
-    cap = slots - 1 if max_learners is None else max(1, min(max_learners, slots - 1))
+    cap = learner_cap(slots, max_learners)
     # x = [n_L, n_A, z]; linprog minimises, so the objective is -z, plus a tie-break far below
     # any throughput difference: of the allocations reaching the optimum, the fewest slots
     # (when the staleness bound caps the learners, more actors would only queue trajectories)
@@ -96,7 +108,7 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
                                       {math.floor(lp_a), math.ceil(lp_a)}):
         if not (1 <= n_l <= cap and n_a >= 1 and n_l + n_a <= slots):
             continue
-        score = (min(n_l * learner_rate, n_a * actor_rate), -(n_l + n_a))
+        score = (trained_rate(n_l, n_a, learner_rate, actor_rate), -(n_l + n_a))
         if best is None or score > best[0]:
             best = (score, n_l, n_a)
     assert best is not None  # (1, 1) is among the neighbours whenever the LP sits at a bound
@@ -123,11 +135,11 @@ def worth_changing(current: Allocation | None, new: Allocation, *, learner_rate:
     and near a tie the optimum would flip back and forth, each flip resizing the cluster."""
     if current is None:
         return True
-    cap = slots - 1 if max_learners is None else max(1, min(max_learners, slots - 1))
+    cap = learner_cap(slots, max_learners)
     if current.learners + current.actors > slots or current.learners > cap:
         return True
-    running = min(current.learners * learner_rate, current.actors * actor_rate)
-    return min(new.learners * learner_rate, new.actors * actor_rate) > (1 + gain) * running
+    running = trained_rate(current.learners, current.actors, learner_rate, actor_rate)
+    return trained_rate(new.learners, new.actors, learner_rate, actor_rate) > (1 + gain) * running
 
 
 def operating_rule(staleness_ratio: float) -> str | None:

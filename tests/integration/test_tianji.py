@@ -2,10 +2,9 @@
 
 The sample-staleness controller drives P = B_s / N_s under its tolerance and the learning
 rate follows alpha / (1 + lambda P); event-triggered pulls move the policy less often and
-rollouts then act with older versions; double DQN on the replay path solves CartPole through
-the CLI.
+rollouts then act with older versions; double DQN on the replay path learns CartPole (its
+solve rate through the CLI is benchmarks/dqn_cartpole.py's).
 """
-
 
 import pytest
 
