@@ -1,39 +1,55 @@
 """Stellaris' ablation: the aggregation strategies on MuJoCo, at equal wall budgets.
 
 Every run is PPO (``pipelines/ppo_hopper_stellaris.yaml``'s settings, the environment switched
-by ``env.id``) on an embedded LocalCluster of 2 worker processes, stopped by wall time only
-(``stop.wall_s``), then evaluated greedily on ``--eval-episodes`` episodes. Only the
-aggregation strategy (and its tuned ``alpha0``) differs between the sides of a comparison;
-strategies take turns within each seed so that machine noise spreads over all of them.
-CartPole is left out of the ranking: every strategy reaches its 500 cap there.
+by ``env.id``) on an embedded LocalCluster of 2 worker processes with 4 rollout slots, stopped
+by wall time only (``stop.wall_s``, counted from when the run opens, after the cluster is up;
+the final evaluation comes after it), then evaluated greedily on ``--eval-episodes`` episodes.
+Only the aggregation strategy and its tuned ``alpha0`` differ between the sides of a
+comparison, with one exception that has its own arm: Stellaris as specified turns on global IS
+truncation (a change to the learner's loss, not to the aggregation), so ``stellaris-no-is``
+runs the same aggregation without it. Strategies take turns within each seed so that machine
+noise spreads over all of them. CartPole is left out of the ranking: every strategy reaches
+its 500 cap there.
 
 Three phases, each resumable (every finished run is appended to ``OUT.runs.jsonl`` at once,
-and a run already there is not redone, so a long study can span several sessions):
+keyed by phase, env, strategy, alpha0, learners, seed and budget; a run already there is not
+redone, so a long study can span several sessions):
 
 ``tune``
-    For each environment and strategy, ``alpha0`` from ``--alphas`` on the tuning seeds
-    (``--tune-seeds``, never reported); the one with the best mean area under the curve wins.
-    Equal footing for the step: async and SSP apply each gradient whole (TianJi too, scaled
-    by ``1 / (1 + lambda P)``), sync, softsync and
-    Stellaris average the gradients they buffer (each weighs ``1/H``, Stellaris' scaled by
-    staleness too), so the same ``alpha0`` is a smaller step per gradient for them. Tuning
-    each strategy's ``alpha0`` over a grid wide enough for both (0.5 to 4) gives each its best
-    step; the effective step per applied gradient (``alpha0`` times the mean weight, measured
-    by the parameter actor: ``step_per_gradient`` in the summary) is reported beside it.
+    For each strategy, ``alpha0`` from ``--alphas`` (0.125 to 4) on the tuning seeds
+    (``--tune-seeds``, never reported) on one environment (``--tune-env``, Hopper-v5); the
+    one with the best mean area under the curve wins and is used on every environment and
+    learner count: one ``alpha0`` per strategy. ``stellaris-no-is`` takes Stellaris' choice
+    (truncation changes the loss, not the server's step). A choice at either edge of the
+    grid stops the later phases (``--allow-edge`` overrides): its best step may lie outside.
+    Equal footing for the step: async, SSP and TianJi apply each gradient whole (TianJi's
+    scaled by ``1 / (1 + lambda P)``); sync and softsync average what they buffer; Stellaris
+    weighs each buffered gradient by its staleness and releases a fresh one alone at weight 1
+    (the threshold floor). The same ``alpha0`` is thus a different step per gradient for
+    each; tuning each over the grid gives each its best step, and the effective step per
+    applied gradient (``alpha0`` times the mean weight, measured by the parameter actor:
+    ``step_per_gradient``) is reported beside it.
 ``report``
-    Each strategy at its tuned ``alpha0`` on the report seeds (``--seeds``, default 8, none
-    used in tuning), ``--learners`` concurrent learners (default 4).
+    Each strategy at its tuned ``alpha0`` on the report seeds (1..``--seeds``, default 8,
+    none used in tuning) on every ``--envs``, ``--learners`` concurrent learners (default 4).
 ``staleness``
-    The same at 1, 2, 4 and 8 concurrent learners (``--sweep``): how each strategy degrades as
-    staleness grows, which is the paper's actual claim.
+    The same on the first of ``--envs`` at the other learner counts of ``--sweep`` (1, 2, 4,
+    8), seeds 1..``--sweep-seeds`` (default 4; the 4-learner row takes the report runs of
+    those seeds): how each strategy degrades as staleness grows, which is the paper's actual
+    claim. On 2 cores more learners do not add compute: each runs slower and staler.
 
-Figures: the final greedy return and the area under the curve (the mean over the run of the
-recent training return, sampled on a grid of wall time: higher means better sooner), each as
-a mean with a bootstrap 95% CI, and Welch's t-test of Stellaris against each baseline.
+Figures: the final greedy return and the area under the curve (the mean over the budget, on
+100 points of wall time, of the recent training return: higher means better sooner), each as
+a mean with a t 95% interval; Stellaris minus each baseline as a difference of means with its
+Welch interval and p, with Holm's adjustment over each table's family of tests; and, for the
+sweep, each strategy's drop from the fewest to the most learners with the difference between
+Stellaris' drop and each baseline's (bootstrap intervals). Each run keeps the strategy's
+counters at its end (``diagnostics``: threshold releases, SSP's refused reads, TianJi's P,
+truncated samples) and the commit it ran.
 
     python benchmarks/ablation.py tune
     python benchmarks/ablation.py report
-    python benchmarks/ablation.py staleness --envs Hopper-v5 --seeds 4
+    python benchmarks/ablation.py staleness
     python benchmarks/ablation.py summary        # tables and plot from what has run
 
 Writes ``benchmarks/results/ablation.json`` (every run's effective config, the tuning choice,
@@ -57,10 +73,14 @@ sys.path.insert(0, str(HERE))
 ROOT = HERE.parent
 PIPELINE = ROOT / "pipelines" / "ppo_hopper_stellaris.yaml"
 ENVS = ["Hopper-v5", "HalfCheetah-v5"]
-STRATEGIES = ["stellaris", "tianji", "async", "ssp", "softsync", "sync"]
+STRATEGIES = ["stellaris", "stellaris-no-is", "tianji", "async", "ssp", "softsync", "sync"]
 STRATEGY_SETTINGS = {
-    # the paper's method as specified: decay 0.96, v = 3, global IS truncation (rho = 1)
+    # the paper's method as specified: decay 0.96, v = 3, global IS truncation (rho = 1),
+    # with the threshold floor of 1 (docs/benchmarks.md, "the threshold floor")
     "stellaris": ["aggregation.strategy=stellaris", "learner.is_truncation=true"],
+    # its aggregation alone: IS truncation changes the learner's loss, not the aggregation,
+    # and no other arm has it; this arm separates the two
+    "stellaris-no-is": ["aggregation.strategy=stellaris", "learner.is_truncation=false"],
     "stellaris-auto": ["aggregation.strategy=stellaris", "aggregation.decay=auto",
                        "learner.is_truncation=true"],
     # TianJi's step alpha0 / (1 + lambda P), P the share of stale samples (lambda 1)
@@ -71,12 +91,18 @@ STRATEGY_SETTINGS = {
                  "learner.is_truncation=false"],
     "sync": ["aggregation.strategy=sync", "learner.is_truncation=false"],
 }
+# an arm that takes another arm's tuned alpha0 instead of a tuning of its own (truncation
+# changes the loss, not the server's step)
+TUNED_WITH = {"stellaris-no-is": "stellaris"}
+# rollout slots fixed for every run: by default they follow the worker threads, which the
+# 8-learner rows raise (more samplers, not only more learners)
+SLOTS = 4
 AUC_POINTS = 100
 
 
 def run_key(phase: str, env_id: str, strategy: str, alpha0: float, learners: int,
-            seed: int) -> str:
-    return f"{phase}/{env_id}/{strategy}/a{alpha0:g}/L{learners}/s{seed}"
+            seed: int, budget_s: float) -> str:
+    return f"{phase}/{env_id}/{strategy}/a{alpha0:g}/L{learners}/s{seed}/b{budget_s:g}"
 
 
 def one_run(phase: str, env_id: str, strategy: str, alpha0: float, learners: int, seed: int,
@@ -93,15 +119,20 @@ def one_run(phase: str, env_id: str, strategy: str, alpha0: float, learners: int
                  "stop.target_return=1e9",
                  f"stop.eval_episodes={args.eval_episodes}", "checkpoint.every_s=0",
                  "cluster.n_workers=2", f"cluster.threads_per_worker={threads}",
-                 "cluster.dashboard=false", f"learner.max_learners={learners}"]
+                 "cluster.dashboard=false", f"learner.max_learners={learners}",
+                 f"rollout.slots={SLOTS}"]
     with tempfile.TemporaryDirectory() as tmp:
         res = dask_rl.train(PIPELINE, run_dir=Path(tmp) / "run", overrides=overrides)
         records = read_metrics(Path(tmp) / "run" / "metrics.jsonl")
     s = res.summary
     config = next(r["config"] for r in records if r["kind"] == "run" and r["event"] == "start")
+    # the strategy's own counters at the end (threshold releases, SSP's refused reads,
+    # TianJi's P, truncated samples...): what explains a result
+    last_round = next((r for r in reversed(records) if r["kind"] == "round"), {})
     curve = [(r["wall_s"], r["charts/return_recent"]) for r in records
              if r["kind"] == "learner" and r.get("charts/return_recent") is not None]
-    return {"key": run_key(phase, env_id, strategy, alpha0, learners, seed), "phase": phase,
+    return {"key": run_key(phase, env_id, strategy, alpha0, learners, seed, args.budget_s),
+            "phase": phase,
             "env_id": env_id, "strategy": strategy, "alpha0": alpha0, "learners": learners,
             "seed": seed, "budget_s": args.budget_s, "final_return": s["final_return"],
             "auc": auc(curve, args.budget_s), "updates": s["updates"],
@@ -110,7 +141,16 @@ def one_run(phase: str, env_id: str, strategy: str, alpha0: float, learners: int
             "gradients_dropped": s["gradients_dropped"],
             "step_per_gradient": s["step_per_gradient"],
             "actor_apply_share": s["actor_apply_share"], "wall_s": s["wall_s"],
-            "config": config, "curve": [(round(t, 2), round(y, 1)) for t, y in curve]}
+            "diagnostics": last_round, "commit": _commit(), "config": config,
+            "curve": [(round(t, 2), round(y, 1)) for t, y in curve]}
+
+
+def _commit() -> str:
+    import subprocess
+
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                          capture_output=True)
+    return proc.stdout.strip() or "unknown"
 
 
 def auc(curve: list[tuple[float, float]], budget_s: float) -> float | None:
@@ -133,7 +173,7 @@ def load_runs(path: Path) -> dict[str, dict]:
 
 def execute(plan: list[tuple], args: argparse.Namespace, runs_path: Path) -> None:
     done = load_runs(runs_path)
-    todo = [p for p in plan if run_key(*p) not in done]
+    todo = [p for p in plan if run_key(*p, args.budget_s) not in done]
     print(f"{len(plan) - len(todo)} of {len(plan)} runs already done; {len(todo)} to go "
           f"(~{len(todo) * (args.budget_s + 25) / 3600:.1f} h)", flush=True)
     t0 = time.time()
@@ -153,27 +193,43 @@ def _turns(items: list[str], seed: int) -> list[str]:
 
 
 def tuned_alphas(runs: dict[str, dict], args: argparse.Namespace) -> dict[str, dict]:
-    """Per env and strategy, the alpha0 whose tuning runs have the best mean AUC."""
+    """Per strategy, the alpha0 whose tuning runs (on ``--tune-env``, the tuning seeds, this
+    budget and learner count) have the best mean AUC. Only a complete grid chooses; a winner
+    at either edge of the grid is marked (its best step may lie outside it). An arm of
+    :data:`TUNED_WITH` takes its partner's choice."""
     best: dict[str, dict] = {}
-    for env_id in args.envs:
-        best[env_id] = {}
-        for strategy in args.strategies:
-            scores = {}
-            for a in args.alphas:
-                aucs = [r["auc"] for r in runs.values() if r["phase"] == "tune"
-                        and r["env_id"] == env_id and r["strategy"] == strategy
-                        and r["alpha0"] == a and r["auc"] is not None]
-                if len(aucs) == len(args.tune_seeds):
-                    scores[a] = float(np.mean(aucs))
-            if scores:
-                best[env_id][strategy] = {"alpha0": max(scores, key=scores.__getitem__),
-                                          "mean_auc_by_alpha0": scores}
+    for strategy in args.strategies:
+        if strategy in TUNED_WITH:
+            continue
+        per_seed: dict[float, list[float]] = {}
+        for a in args.alphas:
+            per_seed[a] = [r["auc"] for r in runs.values() if r["phase"] == "tune"
+                           and r["env_id"] == args.tune_env and r["strategy"] == strategy
+                           and r["alpha0"] == a and r["seed"] in args.tune_seeds
+                           and r["budget_s"] == args.budget_s
+                           and r["learners"] == args.learners and r["auc"] is not None]
+        if all(len(v) == len(args.tune_seeds) for v in per_seed.values()):
+            scores = {a: float(np.mean(v)) for a, v in per_seed.items()}
+            choice = max(scores, key=scores.__getitem__)
+            best[strategy] = {"alpha0": choice, "env_id": args.tune_env,
+                              "mean_auc_by_alpha0": scores, "auc_by_alpha0": per_seed,
+                              "at_grid_edge": choice in (min(args.alphas), max(args.alphas))}
+    for arm, partner in TUNED_WITH.items():
+        if arm in args.strategies and partner in best:
+            best[arm] = {**best[partner], "tuned_with": partner}
     return best
 
 
 # ---- tables ------------------------------------------------------------------------------------
+REFERENCE = "stellaris"
+
+
 def summarise(rows: list[dict], group: tuple[str, ...]) -> list[dict]:
-    from stats import bootstrap_ci, welch
+    """Per group: final greedy return and AUC as means with t intervals (a percentile
+    bootstrap over 8 seeds is too narrow), the other figures as means; and Stellaris against
+    each baseline of the same group: the difference of means with its Welch interval, p and
+    Holm's adjustment over the table's family of tests (both metrics, every group)."""
+    from stats import holm, mean_ci, welch
 
     out = []
     keys = sorted({tuple(r[g] for g in group) for r in rows}, key=str)
@@ -181,49 +237,122 @@ def summarise(rows: list[dict], group: tuple[str, ...]) -> list[dict]:
         mine = [r for r in rows if tuple(r[g] for g in group) == k]
         entry = dict(zip(group, k))
         entry["runs"] = len(mine)
+        entry["seeds"] = sorted(r["seed"] for r in mine)
         for metric in ("final_return", "auc"):
             v = [r[metric] for r in mine if r[metric] is not None]
-            entry[metric] = {"mean": float(np.mean(v)), "ci95": bootstrap_ci(v),
-                             "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0}
+            m, lo, hi = mean_ci(v)
+            entry[metric] = {"mean": m, "ci95": [lo, hi],
+                             "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+                             "values": v}
         for metric in ("updates", "env_steps", "staleness_mean", "step_per_gradient",
                        "actor_apply_share", "gradients_dropped"):
             v = [r[metric] for r in mine if r[metric] is not None]
             entry[metric] = float(np.mean(v)) if v else None
-        entry["alpha0"] = mine[0]["alpha0"]
+        entry["alpha0"] = sorted({r["alpha0"] for r in mine})
         out.append(entry)
-    # Stellaris against each baseline, same env (and learners)
+    tests = []
     for entry in out:
-        if entry["strategy"] == "stellaris":
+        if entry["strategy"] == REFERENCE:
             continue
         same = {g: entry[g] for g in group if g != "strategy"}
-        ours = [r for r in rows if r["strategy"] == "stellaris"
+        ours = [r for r in rows if r["strategy"] == REFERENCE
                 and all(r[g] == v for g, v in same.items())]
         theirs = [r for r in rows if r["strategy"] == entry["strategy"]
                   and all(r[g] == v for g, v in same.items())]
         if len(ours) > 1 and len(theirs) > 1:
             entry["stellaris_vs"] = {m: welch([r[m] for r in ours], [r[m] for r in theirs])
                                      for m in ("final_return", "auc")}
+            tests += [entry["stellaris_vs"]["final_return"], entry["stellaris_vs"]["auc"]]
+    for test, adjusted in zip(tests, holm([t["p"] for t in tests]) if tests else []):
+        test["p_holm"] = adjusted
     return out
+
+
+def degradation(rows: list[dict], low: int, high: int) -> list[dict]:
+    """Per env and strategy, how much the mean final return and AUC drop from ``low`` to
+    ``high`` concurrent learners (bootstrap 95% interval), and whether Stellaris' drop is
+    smaller than each baseline's (the difference of the two drops, bootstrap interval): the
+    paper's claim is about degradation with staleness, which a test per row cannot show."""
+    from stats import bootstrap_diff_of_diffs
+
+    out = []
+    for env_id in sorted({r["env_id"] for r in rows}):
+        def vals(strategy, n, metric):
+            return [r[metric] for r in rows if r["env_id"] == env_id
+                    and r["strategy"] == strategy and r["learners"] == n
+                    and r[metric] is not None]
+        for strategy in sorted({r["strategy"] for r in rows if r["env_id"] == env_id}):
+            entry = {"env_id": env_id, "strategy": strategy, "from": low, "to": high}
+            for metric in ("final_return", "auc"):
+                a, b = vals(strategy, low, metric), vals(strategy, high, metric)
+                if len(a) < 2 or len(b) < 2:
+                    continue
+                rng = np.random.default_rng(0)
+                draws = [np.mean(rng.choice(a, len(a))) - np.mean(rng.choice(b, len(b)))
+                         for _ in range(10_000)]
+                entry[metric] = {"drop": float(np.mean(a) - np.mean(b)),
+                                 "ci95": [float(x) for x in np.quantile(draws, [0.025, 0.975])]}
+                if strategy != REFERENCE:
+                    ra, rb = vals(REFERENCE, low, metric), vals(REFERENCE, high, metric)
+                    if len(ra) > 1 and len(rb) > 1:
+                        d, lo, hi = bootstrap_diff_of_diffs(ra, rb, a, b)
+                        entry[metric]["stellaris_drop_minus_this"] = {"diff": d,
+                                                                      "ci95": [lo, hi]}
+            if "final_return" in entry or "auc" in entry:
+                out.append(entry)
+    return out
+
+
+def _pvalue(x: float) -> str:
+    return "<0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def _p(test: dict) -> str:
+    p, ph = test["p"], test.get("p_holm", test["p"])
+    fmt = _pvalue
+    return f"{test['diff']:+.0f} [{test['ci95'][0]:+.0f}, {test['ci95'][1]:+.0f}], p {fmt(p)} " \
+           f"(Holm {fmt(ph)})"
 
 
 def markdown(summary: list[dict], title: str) -> str:
     lines = [f"### {title}", "",
              "| env | learners | strategy | seeds | alpha0 | step/gradient | final greedy return "
-             "[95% CI] | AUC [95% CI] | Stellaris vs this: Welch t (p), final; AUC | updates | "
-             "mean staleness |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "[95% CI] | AUC [95% CI] | Stellaris minus this, final [95% CI], p | same, AUC | "
+             "updates | mean staleness |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         f, a = s["final_return"], s["auc"]
         vs = s.get("stellaris_vs")
-        diff = "—" if vs is None else (f"t={vs['final_return']['t']:.2f} "
-                                       f"(p={vs['final_return']['p']:.2f}), "
-                                       f"t={vs['auc']['t']:.2f} (p={vs['auc']['p']:.2f})")
         step = "—" if s["step_per_gradient"] is None else f"{s['step_per_gradient']:.2f}"
+        alphas = ", ".join(f"{x:g}" for x in s["alpha0"])
         lines.append(
-            f"| {s['env_id']} | {s['learners']} | {s['strategy']} | {s['runs']} | "
-            f"{s['alpha0']:g} | {step} | "
-            f"{f['mean']:.0f} [{f['ci95'][0]:.0f}, {f['ci95'][1]:.0f}] | {a['mean']:.0f} "
-            f"[{a['ci95'][0]:.0f}, {a['ci95'][1]:.0f}] | {diff} | {s['updates']:.0f} | "
+            f"| {s['env_id']} | {s['learners']} | {s['strategy']} | {s['runs']} | {alphas} | "
+            f"{step} | {f['mean']:.0f} [{f['ci95'][0]:.0f}, {f['ci95'][1]:.0f}] | "
+            f"{a['mean']:.0f} [{a['ci95'][0]:.0f}, {a['ci95'][1]:.0f}] | "
+            f"{'—' if vs is None else _p(vs['final_return'])} | "
+            f"{'—' if vs is None else _p(vs['auc'])} | {s['updates']:.0f} | "
             f"{s['staleness_mean']:.2f} |")
+    return "\n".join(lines)
+
+
+def markdown_degradation(rows: list[dict]) -> str:
+    lines = ["### Degradation with staleness (mean at fewest minus mean at most learners)", "",
+             "Negative \"Stellaris' drop minus this\": Stellaris degrades less than this "
+             "strategy.", "",
+             "| env | strategy | learners | final: drop [95% CI] | Stellaris' drop minus this "
+             "[95% CI] | AUC: drop [95% CI] | Stellaris' drop minus this [95% CI] |",
+             "|---|---|---|---|---|---|---|"]
+
+    def cell(d):
+        if d is None:
+            return "—", "—"
+        vs = d.get("stellaris_drop_minus_this")
+        return (f"{d['drop']:.0f} [{d['ci95'][0]:.0f}, {d['ci95'][1]:.0f}]",
+                "—" if vs is None else f"{vs['diff']:+.0f} [{vs['ci95'][0]:+.0f}, "
+                                       f"{vs['ci95'][1]:+.0f}]")
+    for r in rows:
+        f, a = cell(r.get("final_return")), cell(r.get("auc"))
+        lines.append(f"| {r['env_id']} | {r['strategy']} | {r['from']} -> {r['to']} | {f[0]} | "
+                     f"{f[1]} | {a[0]} | {a[1]} |")
     return "\n".join(lines)
 
 
@@ -258,31 +387,49 @@ def plot(rows: list[dict], path: Path, budget_s: float) -> None:
 def write_results(args: argparse.Namespace, runs: dict[str, dict]) -> None:
     out = Path(args.out)
     chosen = tuned_alphas(runs, args)
-    report = [r for r in runs.values() if r["phase"] == "report"]
+
+    def counted(r: dict, seeds: int) -> bool:  # this study's rows only: tuned step, budget
+        c = chosen.get(r["strategy"])
+        return (c is not None and r["alpha0"] == c["alpha0"] and r["budget_s"] == args.budget_s
+                and 1 <= r["seed"] <= seeds and r["env_id"] in args.envs
+                and r["strategy"] in args.strategies)
+
+    report = [r for r in runs.values() if r["phase"] == "report"
+              and r["learners"] == args.learners and counted(r, args.seeds)]
     sweep = [r for r in runs.values() if r["phase"] in ("report", "staleness")
-             and r["learners"] in args.sweep]
+             and r["env_id"] == args.envs[0] and r["learners"] in args.sweep
+             and counted(r, args.sweep_seeds)]
     result = {
         "settings": {k: v for k, v in vars(args).items() if k != "phase"},
         "pipeline": str(PIPELINE.relative_to(ROOT)), "strategy_settings": STRATEGY_SETTINGS,
-        "tuned_alpha0": chosen,
+        "tuned_with": TUNED_WITH, "rollout_slots": SLOTS, "tuned_alpha0": chosen,
         "report": summarise(report, ("env_id", "learners", "strategy")),
         "staleness_sweep": summarise(sweep, ("env_id", "learners", "strategy")),
+        "degradation": degradation(sweep, min(args.sweep), max(args.sweep)),
         "runs": sorted(runs.values(), key=lambda r: r["key"]),
     }
-    md = [markdown(result["report"], f"Report seeds, {args.learners} learners"),
-          "", markdown(result["staleness_sweep"], "Staleness sweep")]
-    tune_lines = ["", "### Tuning (mean AUC per alpha0, tuning seeds)", "",
-                  "| env | strategy | chosen alpha0 | mean AUC by alpha0 |", "|---|---|---|---|"]
-    for env_id, per in chosen.items():
-        for strategy, c in per.items():
-            by = ", ".join(f"{a:g}: {v:.0f}" for a, v in c["mean_auc_by_alpha0"].items())
-            tune_lines.append(f"| {env_id} | {strategy} | {c['alpha0']:g} | {by} |")
+    md = [markdown(result["report"], f"Report seeds 1-{args.seeds}, {args.learners} learners"),
+          "", markdown(result["staleness_sweep"], f"Staleness sweep, seeds 1-{args.sweep_seeds}"),
+          "", markdown_degradation(result["degradation"])]
+    tune_lines = ["", f"### Tuning on {args.tune_env} (AUC per alpha0: mean, then each tuning "
+                  f"seed of {', '.join(map(str, args.tune_seeds))})", "",
+                  "| strategy | chosen alpha0 | AUC by alpha0 |", "|---|---|---|"]
+    for strategy, c in chosen.items():
+        if "tuned_with" in c:
+            tune_lines.append(f"| {strategy} | {c['alpha0']:g} | {c['tuned_with']}'s |")
+            continue
+        by = ", ".join(f"{a:g}: {c['mean_auc_by_alpha0'][a]:.0f} ("
+                       + " / ".join(f"{v:.0f}" for v in c["auc_by_alpha0"][a]) + ")"
+                       for a in c["mean_auc_by_alpha0"])
+        edge = " (grid edge)" if c["at_grid_edge"] else ""
+        tune_lines.append(f"| {strategy} | {c['alpha0']:g}{edge} | {by} |")
     text = "\n".join(md + tune_lines) + "\n"
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(text)
-    plot(report, out.with_suffix(".png"), args.budget_s)
+    if report:
+        plot(report, out.with_suffix(".png"), args.budget_s)
 
 
 def main() -> int:
@@ -290,12 +437,17 @@ def main() -> int:
     ap.add_argument("phase", choices=("tune", "report", "staleness", "summary"))
     ap.add_argument("--envs", nargs="+", default=ENVS)
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES)
-    ap.add_argument("--alphas", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--alphas", nargs="+", type=float,
+                    default=[0.125, 0.25, 0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--tune-env", default="Hopper-v5", help="the environment alpha0 is tuned on")
     ap.add_argument("--tune-seeds", nargs="+", type=int, default=[1001, 1002])
     ap.add_argument("--seeds", type=int, default=8, help="report seeds 1..N")
     ap.add_argument("--learners", type=int, default=4)
     ap.add_argument("--sweep", nargs="+", type=int, default=[1, 2, 4, 8])
-    ap.add_argument("--budget-s", type=float, default=150.0, help="wall budget per run")
+    ap.add_argument("--sweep-seeds", type=int, default=4, help="staleness sweep seeds 1..N")
+    ap.add_argument("--allow-edge", action="store_true",
+                    help="report with an alpha0 chosen at the edge of the grid")
+    ap.add_argument("--budget-s", type=float, default=120.0, help="wall budget per run")
     ap.add_argument("--eval-episodes", type=int, default=10)
     ap.add_argument("--out", default=str(HERE / "results" / "ablation"))
     args = ap.parse_args()
@@ -305,21 +457,27 @@ def main() -> int:
     runs_path = Path(args.out).with_suffix(".runs.jsonl")
     runs_path.parent.mkdir(parents=True, exist_ok=True)
     if args.phase == "tune":
-        plan = [("tune", env_id, strategy, a, args.learners, seed)
-                for env_id in args.envs for seed in args.tune_seeds
-                for strategy in _turns(args.strategies, seed) for a in args.alphas]
+        arms = [s for s in args.strategies if s not in TUNED_WITH]
+        plan = [("tune", args.tune_env, strategy, a, args.learners, seed)
+                for seed in args.tune_seeds
+                for strategy in _turns(arms, seed) for a in args.alphas]
         execute(plan, args, runs_path)
     elif args.phase in ("report", "staleness"):
         chosen = tuned_alphas(load_runs(runs_path), args)
-        missing = [(e, s) for e in args.envs for s in args.strategies
-                   if s not in chosen.get(e, {})]
+        missing = [s for s in args.strategies if s not in chosen]
         if missing:
             ap.error(f"no complete tuning for {missing}: run the tune phase first")
+        edge = [s for s in args.strategies if chosen[s]["at_grid_edge"]]
+        if edge and not args.allow_edge:
+            ap.error(f"alpha0 chosen at the grid's edge for {edge}: widen --alphas and tune "
+                     "again (or --allow-edge)")
         learners = [args.learners] if args.phase == "report" else \
             [n for n in args.sweep if n != args.learners]
         phase = args.phase
-        plan = [(phase, env_id, strategy, chosen[env_id][strategy]["alpha0"], n, seed)
-                for env_id in args.envs for n in learners for seed in range(1, args.seeds + 1)
+        seeds = args.seeds if phase == "report" else args.sweep_seeds
+        envs = args.envs if phase == "report" else args.envs[:1]
+        plan = [(phase, env_id, strategy, chosen[strategy]["alpha0"], n, seed)
+                for env_id in envs for n in learners for seed in range(1, seeds + 1)
                 for strategy in _turns(args.strategies, seed)]
         execute(plan, args, runs_path)
     write_results(args, load_runs(runs_path))

@@ -40,14 +40,50 @@ def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float],
     return float(stat(x) / stat(y)), float(lo), float(hi)
 
 
-def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
-    """Welch's unequal-variance t-test of mean(a) - mean(b): t, degrees of freedom, two-sided p."""
+def welch(a: Sequence[float], b: Sequence[float], *, level: float = 0.95) -> dict[str, float]:
+    """Welch's unequal-variance t-test of ``mean(a) - mean(b)``: the difference, its
+    Welch-Satterthwaite t interval, t, degrees of freedom and the two-sided p."""
     x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
     va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
-    t = (x.mean() - y.mean()) / np.sqrt(va + vb)
+    diff, se = float(x.mean() - y.mean()), float(np.sqrt(va + vb))
+    t = diff / se
     df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
     p = 2 * scipy_stats.t.sf(abs(t), df)
-    return {"t": float(t), "df": float(df), "p": float(p)}
+    half = scipy_stats.t.ppf((1 + level) / 2, df) * se
+    return {"diff": diff, "ci95": [float(diff - half), float(diff + half)], "t": float(t),
+            "df": float(df),
+            "p": float(p)}
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (same order as given): each
+    adjusted p can be compared with the family's level directly."""
+    p = np.asarray(pvalues, np.float64)
+    order = np.argsort(p)
+    adjusted = np.empty_like(p)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (p.size - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def bootstrap_diff_of_diffs(a1: Sequence[float], a2: Sequence[float], b1: Sequence[float],
+                            b2: Sequence[float], *, level: float = 0.95,
+                            seed: int = 0) -> tuple[float, float, float]:
+    """``(mean(a1) - mean(a2)) - (mean(b1) - mean(b2))`` and its percentile bootstrap
+    interval, each of the four independent groups resampled on its own: how much more one
+    side's mean drops between two conditions than the other's."""
+    groups = [np.asarray(g, np.float64) for g in (a1, a2, b1, b2)]
+    rng = np.random.default_rng(seed)
+
+    def stat(gs):
+        return (gs[0].mean() - gs[1].mean()) - (gs[2].mean() - gs[3].mean())
+
+    draws = np.array([stat([g[rng.integers(0, g.size, g.size)] for g in groups])
+                      for _ in range(RESAMPLES)])
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(stat(groups)), float(lo), float(hi)
 
 
 def mean_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float, float]:
