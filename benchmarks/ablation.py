@@ -179,6 +179,10 @@ def execute(plan: list[tuple], args: argparse.Namespace, runs_path: Path) -> Non
     t0 = time.time()
     for i, p in enumerate(todo):
         r = one_run(*p, args)
+        if r["wall_s"] < 0.95 * args.budget_s:  # cut short (a worker killed, a stall)
+            print(f"[{i + 1}/{len(todo)}] {r['key']}: stopped at {r['wall_s']:.0f} s of "
+                  f"{args.budget_s:g}: not recorded", flush=True)
+            continue
         with runs_path.open("a") as f:
             f.write(json.dumps(r) + "\n")
         print(f"[{i + 1}/{len(todo)}] {r['key']}: final {r['final_return']:8.1f}  auc "
