@@ -171,7 +171,7 @@ def sample_stacks(duration_s: float, interval_s: float) -> dict:
 
 
 # ---- one window ------------------------------------------------------------------------------
-def new_actor(client, worker: str, size: int, learners: int):
+def new_actor(client, worker: str, size: int, learners: int, combine: bool):
     from dask_rl.config import AggregationConfig
     from dask_rl.runtime.handle import ActorHandle
     from dask_rl.runtime.parameter_actor import ParameterActor
@@ -179,13 +179,21 @@ def new_actor(client, worker: str, size: int, learners: int):
     future = client.submit(ParameterActor, np.zeros(size, np.float32),
                            AggregationConfig(strategy="async"), learners=learners, actor=True,
                            pure=False, workers=[worker])
-    return future, ActorHandle(future.result(), timeout=300.0)
+    return future, ActorHandle(future.result(), timeout=300.0, combine=combine)
+
+
+def combined_counts(key: str) -> dict:
+    """This worker's combiners of calls to the actor ``key``: calls made and trips sent."""
+    from dask_rl.runtime import combiner
+
+    return {method: {"calls": c.calls, "trips": c.trips}
+            for (k, method), c in combiner._registry.items() if k == key}
 
 
 def window(client, workers: list[str], size: int, k: int, args: argparse.Namespace, *,
-           profile: bool = False) -> dict:
+           combine: bool, profile: bool = False) -> dict:
     actor_worker, callers = workers[0], workers[1:]
-    future, actor = new_actor(client, actor_worker, size, k)
+    future, actor = new_actor(client, actor_worker, size, k, combine)
     start_at = time.time() + 1.5 + 0.03 * k
     begin, stop_at = start_at + args.warmup_s, start_at + args.warmup_s + args.window_s
     cpu0 = client.run(cpu_seconds)
@@ -207,8 +215,10 @@ def window(client, workers: list[str], size: int, k: int, args: argparse.Namespa
     cpu1 = client.run(cpu_seconds)
     cpu1["scheduler"] = client.run_on_scheduler(cpu_seconds)
     metrics = actor.call("metrics")
+    trips = client.run(combined_counts, actor.key, workers=callers)
     client.cancel([future])
-    out = {"learners": k, "samplers": k, "window_s": args.window_s}
+    out = {"learners": k, "samplers": k, "window_s": args.window_s, "combine": combine,
+           "combined": trips}
     for kind in KINDS:
         mine = [c for c in calls if c[0] == kind and begin <= c[2] <= stop_at]
         lat = np.array([c[2] - c[1] for c in mine]) * 1e3
@@ -246,32 +256,42 @@ def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f}"
 
 
+def per_trip(w: dict) -> str:
+    """Mean calls per trip over the callers' combiners ("—": not combined)."""
+    calls = sum(c["calls"] for per in w["combined"].values() for c in per.values())
+    trips = sum(c["trips"] for per in w["combined"].values() for c in per.values())
+    return f"{calls / trips:.1f}" if trips else "—"
+
+
 def markdown(result: dict) -> str:
     lines = [f"Parameter service, code: {result['label']} ({result['settings']['work_ms']} ms "
              f"learner work, {result['settings']['sample_ms']} ms between a sampler's pulls, "
              f"{result['settings']['window_s']} s windows).", ""]
     for model, rows in result["models"].items():
         lines += [f"### {rows['name']} ({rows['params']:,} float32 parameters)", "",
-                  "| learners + samplers | pushes/s | learner pulls/s | sampler pulls/s "
-                  "(with params) | push p50 / p99 ms | learner pull p50 / p99 ms | sampler pull "
-                  "p50 / p99 ms | CPU s/s: actor, callers, scheduler |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| learners + samplers | combining | pushes/s | learner pulls/s | sampler "
+                  "pulls/s (with params) | push p50 / p99 ms | learner pull p50 / p99 ms | "
+                  "sampler pull p50 / p99 ms | calls per trip | CPU s/s: actor, callers, "
+                  "scheduler |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for w in rows["windows"]:
             def lat(kind):
                 return f"{_ms(w[kind]['p50_ms'])} / {_ms(w[kind]['p99_ms'])}"
             cpu = w["cpu_s_per_s"]
             callers = sum(v for k, v in cpu.items() if k.startswith("caller"))
             lines.append(
-                f"| {w['learners']} + {w['samplers']} | {w['push']['per_s']:.0f} | "
+                f"| {w['learners']} + {w['samplers']} | {'on' if w['combine'] else 'off'} | "
+                f"{w['push']['per_s']:.0f} | "
                 f"{w['learner_pull']['per_s']:.0f} | {w['sampler_pull']['per_s']:.0f} "
                 f"({w['sampler_pull']['with_params'] / w['window_s']:.0f}) | {lat('push')} | "
-                f"{lat('learner_pull')} | {lat('sampler_pull')} | {cpu['actor']:.2f}, "
+                f"{lat('learner_pull')} | {lat('sampler_pull')} | {per_trip(w)} | "
+                f"{cpu['actor']:.2f}, "
                 f"{callers:.2f}, {cpu['scheduler']:.2f} |")
-        if rows.get("profile"):
-            lines += ["", f"Where the actor's worker spends its time ({rows['profile_k']} learners"
-                      f" + {rows['profile_k']} samplers, stacks sampled every "
-                      f"{result['settings']['profile_ms']} ms):", ""]
-            lines += profile_table(rows["profile"]["profile"])
+        for mode, w in rows.get("profile", {}).items():
+            lines += ["", f"Where the actor's worker spends its time, combining {mode} "
+                      f"({rows['profile_k']} learners + {rows['profile_k']} samplers, stacks "
+                      f"sampled every {result['settings']['profile_ms']} ms):", ""]
+            lines += profile_table(w["profile"])
         lines.append("")
     return "\n".join(lines)
 
@@ -286,6 +306,8 @@ def main() -> int:
     ap.add_argument("--window-s", type=float, default=8.0)
     ap.add_argument("--profile-k", type=int, default=16)
     ap.add_argument("--profile-ms", type=float, default=5.0)
+    ap.add_argument("--combine", nargs="+", choices=("off", "on"), default=["off", "on"],
+                    help="call combining (off: one actor call per call, the path before it)")
     ap.add_argument("--label", default="current")
     ap.add_argument("--out", default=str(HERE / "results" / "parameter_service"))
     args = ap.parse_args()
@@ -309,14 +331,18 @@ def main() -> int:
             size = model_size(model)
             rows = {"name": name, "params": size, "windows": [], "profile_k": args.profile_k}
             for k in args.learners:
-                w = window(client, workers, size, k, args)
-                rows["windows"].append(w)
-                print(f"{model} K={k:3d}: pushes/s {w['push']['per_s']:7.1f}  learner pulls/s "
-                      f"{w['learner_pull']['per_s']:7.1f}  sampler pulls/s "
-                      f"{w['sampler_pull']['per_s']:7.1f}  push p50/p99 "
-                      f"{_ms(w['push']['p50_ms'])}/{_ms(w['push']['p99_ms'])} ms  actor CPU "
-                      f"{w['cpu_s_per_s']['actor']:.2f} s/s", flush=True)
-            rows["profile"] = window(client, workers, size, args.profile_k, args, profile=True)
+                for mode in args.combine:  # side by side: one call per trip, then combined
+                    w = window(client, workers, size, k, args, combine=mode == "on")
+                    rows["windows"].append(w)
+                    print(f"{model} K={k:3d} combine {mode:3s}: pushes/s "
+                          f"{w['push']['per_s']:7.1f}  learner pulls/s "
+                          f"{w['learner_pull']['per_s']:7.1f}  sampler pulls/s "
+                          f"{w['sampler_pull']['per_s']:7.1f}  push p50/p99 "
+                          f"{_ms(w['push']['p50_ms'])}/{_ms(w['push']['p99_ms'])} ms  actor "
+                          f"CPU {w['cpu_s_per_s']['actor']:.2f} s/s", flush=True)
+            rows["profile"] = {mode: window(client, workers, size, args.profile_k, args,
+                                            combine=mode == "on", profile=True)
+                               for mode in args.combine}
             result["models"][model] = rows
     text = markdown(result)
     print(text)

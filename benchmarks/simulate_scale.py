@@ -500,7 +500,8 @@ def _new_actor(client, worker: str, size: int, aggregation, learners: int):
 
     future = client.submit(ParameterActor, np.zeros(size, np.float32), aggregation,
                            learners=learners, actor=True, pure=False, workers=[worker])
-    return future, ActorHandle(future.result(), timeout=120.0)
+    # the model is of a server of single calls: this measures them uncombined
+    return future, ActorHandle(future.result(), timeout=120.0, combine=False)
 
 
 def measure_real_learners(client, actor_worker: str, learner_worker: str, *, n: int,

@@ -19,30 +19,54 @@ from typing import Any
 
 from distributed import Actor, get_worker
 
+from dask_rl.runtime.combiner import Combiner, combiner_for
+from dask_rl.runtime.parameter_actor import COMBINABLE
+
 
 class ActorHandle:
-    """``epoch`` is the token of the actor's incarnation (what its pushes must name)."""
+    """``epoch`` is the token of the actor's incarnation (what its pushes must name).
 
-    def __init__(self, actor: Actor, *, timeout: float | None = None, epoch: str | None = None):
+    ``combine``: from a worker other than the actor's, concurrent calls of a method the actor
+    takes in batches (:data:`~dask_rl.runtime.parameter_actor.COMBINABLE`: pushes, pulls,
+    learner pulls) travel together, one trip per round trip (:mod:`dask_rl.runtime.combiner`).
+    """
+
+    def __init__(self, actor: Actor, *, timeout: float | None = None, epoch: str | None = None,
+                 combine: bool = True):
         self.actor = actor
         self.timeout = timeout
         self.epoch = epoch
+        self.combine = combine
 
     @property
     def key(self) -> str:
         return self.actor.key
 
-    def _local(self) -> Any | None:
+    def _where(self) -> tuple[bool, Any | None]:
+        """Whether this runs in a worker, and the actor object if it lives in this one."""
         try:
             worker = get_worker()
         except ValueError:  # not in a worker: the driver
-            return None
-        return worker.state.actors.get(self.actor.key)
+            return False, None
+        return True, worker.state.actors.get(self.actor.key)
+
+    def _combiner(self, method: str) -> Combiner:
+        actor, timeout = self.actor, self.timeout
+
+        def send(calls):
+            return actor.call_many(method, calls).result(timeout=timeout)
+
+        return combiner_for(self.actor.key, method, lambda: Combiner(send))
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` and wait for its result (at most ``timeout`` seconds)."""
-        local = self._local()
+        in_worker, local = self._where()
         if local is None:
+            if in_worker and self.combine and method in COMBINABLE:
+                ok, value = self._combiner(method).call((args, kwargs), timeout=self.timeout)
+                if not ok:
+                    raise value
+                return value
             return getattr(self.actor, method)(*args, **kwargs).result(timeout=self.timeout)
         if not local.lock.acquire(timeout=-1 if self.timeout is None else self.timeout):
             raise TimeoutError(f"the parameter actor {self.key} was busy for more than "

@@ -44,6 +44,9 @@ from dask_rl.staleness import Arrival, Decision, make_strategy
 
 logger = logging.getLogger(__name__)
 
+# the calls a combined trip may carry (:meth:`ParameterActor.call_many`)
+COMBINABLE = frozenset({"push", "pull", "pull_learner"})
+
 
 def _locked(method):
     @functools.wraps(method)
@@ -146,6 +149,23 @@ class ParameterActor:
         if not self.strategy.admit(learner_id):
             return None
         return self.pull(learner_id=learner_id, learner_state=True)
+
+    @_locked
+    def call_many(self, method: str, calls: list[tuple[tuple, dict]]) -> list[tuple[bool, Any]]:
+        """Several calls of ``method`` in one (a :class:`~dask_rl.runtime.combiner.Combiner`'s
+        trip), served one by one in the given order under one hold of the lock: each gets
+        exactly the answer it would have got alone at that place in the order, as ``(True,
+        result)``, or ``(False, exception)`` if it raised (only that call fails)."""
+        if method not in COMBINABLE:
+            raise ValueError(f"{method!r} calls are not combined")
+        serve = getattr(self, method)
+        out: list[tuple[bool, Any]] = []
+        for args, kwargs in calls:
+            try:
+                out.append((True, serve(*args, **kwargs)))
+            except Exception as exc:  # noqa: BLE001 - handed back to its own caller
+                out.append((False, exc))
+        return out
 
     @_locked
     def expect_learners(self, learner_ids: list[str]) -> int:

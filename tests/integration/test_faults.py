@@ -147,8 +147,9 @@ CASES = [
      STELLARIS + ["checkpoint.every_s=1"], "call:round_end", 3),
     ("stellaris-checkpoint", "ppo_cartpole_stellaris.yaml",
      STELLARIS + ["checkpoint.every_s=2"], "call:state_dict", 3),
+    # trains its whole budget: a solve can come within the first 6 heartbeats (3 s)
     ("stellaris-heartbeat", "ppo_cartpole_stellaris.yaml",
-     STELLARIS + ["checkpoint.every_s=1"], "heartbeat", 6),
+     STELLARIS + ["checkpoint.every_s=1", "stop.solve_on_target=false"], "heartbeat", 6),
     ("sync-expect-learners", "ppo_cartpole_sync.yaml",
      ["stop.env_steps=60000", "checkpoint.every_s=1"], "call:expect_learners", 6),
     ("es-perturbations", "es_cartpole.yaml", ES + ["checkpoint.every_s=1"], "es", 4),
@@ -218,7 +219,7 @@ def test_a_learner_killed_right_after_its_push_is_not_applied_twice(client, tmp_
         def call(self, method, *args, **kwargs):
             out = original(self, method, *args, **kwargs)
             # a learner on another worker than the actor's: the actor lives on
-            if method == "push" and (kwargs.get("seq") or 0) >= 10 and self._local() is None:
+            if method == "push" and (kwargs.get("seq") or 0) >= 10 and self._where()[1] is None:
                 try:
                     fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
                 except FileExistsError:

@@ -1,0 +1,174 @@
+"""Call combining (dask_rl.runtime.combiner) with plain threads, and the parameter actor's
+batched calls against the same calls made one at a time."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dask_rl.runtime.combiner import Combiner
+from dask_rl.runtime.parameter_actor import ParameterActor
+from dask_rl.staleness import AsyncConfig, StellarisConfig
+
+
+class GatedServer:
+    """A send function that records its trips; the first trip waits for ``gate``, so that the
+    test can queue calls behind it in a known order."""
+
+    def __init__(self, fail_trip: int | None = None, gated: int = 1):
+        self.gate = threading.Event()
+        self.fail_trip, self.gated = fail_trip, gated
+        self.trips: list[list[int]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, calls):
+        with self.lock:
+            self.trips.append([args[0] for args, _ in calls])
+            n = len(self.trips)
+        if n <= self.gated:
+            self.gate.wait(10)
+        if n == self.fail_trip:
+            raise ConnectionError("the actor went away")
+        return [args[0] * 10 for args, _ in calls]
+
+
+def _queue_calls(combiner, values, timeout=None):
+    """Start one thread per value, each only once the previous one's call is in the
+    combiner (so arrival order is the order of ``values``)."""
+    results, errors, threads = {}, {}, []
+
+    def one(v):
+        try:
+            results[v] = combiner.call(((v,), {}), timeout=timeout)
+        except Exception as exc:  # noqa: BLE001
+            errors[v] = exc
+
+    for v in values:
+        before = combiner.calls
+        t = threading.Thread(target=one, args=(v,))
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 10
+        while combiner.calls == before and time.monotonic() < deadline:
+            time.sleep(0.001)
+    return results, errors, threads
+
+
+def _join(threads):
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+
+
+def test_a_call_alone_goes_at_once_in_a_trip_of_its_own():
+    server = GatedServer()
+    server.gate.set()
+    c = Combiner(server, max_in_flight=1)
+    assert c.call(((7,), {})) == 70
+    assert c.call(((8,), {})) == 80
+    assert server.trips == [[7], [8]] and c.trips == 2 and c.calls == 2
+
+
+def test_calls_that_queue_behind_a_trip_travel_together_in_arrival_order():
+    server = GatedServer()
+    c = Combiner(server, max_batch=16, max_in_flight=1)
+    results, errors, threads = _queue_calls(c, range(20))
+    server.gate.set()
+    _join(threads)
+    assert not errors
+    assert results == {v: 10 * v for v in range(20)}  # each caller gets its own answer
+    # the first went alone and at once; the 19 queued behind it went in two trips (16 at
+    # most), in the order they arrived
+    assert server.trips == [[0], list(range(1, 17)), [17, 18, 19]]
+
+
+def test_a_failed_trip_fails_its_calls_only_and_the_next_trip_still_goes():
+    server = GatedServer(fail_trip=2)
+    c = Combiner(server, max_batch=4, max_in_flight=1)
+    results, errors, threads = _queue_calls(c, range(8))
+    server.gate.set()
+    _join(threads)
+    assert server.trips == [[0], [1, 2, 3, 4], [5, 6, 7]]
+    assert set(errors) == {1, 2, 3, 4}
+    assert all(isinstance(e, ConnectionError) for e in errors.values())
+    assert results == {0: 0, 5: 50, 6: 60, 7: 70}
+    assert c.call(((99,), {})) == 990  # nothing left stuck
+
+
+def test_two_trips_go_side_by_side_and_calls_queue_only_behind_both():
+    server = GatedServer(gated=2)
+    c = Combiner(server, max_in_flight=2)
+    results, errors, threads = _queue_calls(c, range(6))
+    # calls 0 and 1 went at once, each alone; 2-5 waited behind them for one trip
+    assert server.trips == [[0], [1]] and not results
+    server.gate.set()
+    _join(threads)
+    assert not errors and results == {v: 10 * v for v in range(6)}
+    assert server.trips[:2] == [[0], [1]] and server.trips[2:] == [[2, 3, 4, 5]]
+
+
+def test_a_caller_that_gives_up_is_withdrawn_and_nothing_hangs():
+    server = GatedServer()
+    c = Combiner(server, max_in_flight=1)
+    results, errors, threads = _queue_calls(c, [0], timeout=5)  # the sender, held
+    r2, e2, t2 = _queue_calls(c, [1, 2, 3], timeout=0.05)
+    _join(t2)
+    assert set(e2) == {1, 2, 3} and all(isinstance(e, TimeoutError) for e in e2.values())
+    server.gate.set()
+    _join(threads)
+    assert results == {0: 0} and server.trips == [[0]]  # the withdrawn were never sent
+    assert c.call(((5,), {})) == 50 and server.trips[-1] == [5]
+
+
+@pytest.mark.parametrize("aggregation", [AsyncConfig(alpha0=0.5), StellarisConfig(alpha0=1.0)])
+def test_a_batch_is_served_exactly_as_the_same_calls_one_by_one(aggregation):
+    """The staleness each gradient is charged, its weight, its status and the parameters
+    after are the same whether the calls come one at a time or combined in trips."""
+    alone = ParameterActor(np.zeros(6, np.float32), aggregation, learners=4)
+    combined = ParameterActor(np.zeros(6, np.float32), aggregation, learners=4)
+    rng = np.random.default_rng(0)
+    calls = []  # (method, args, kwargs): learners pull, then push on what they pulled
+    versions = {}
+    for step in range(24):
+        lid = f"L{step % 4}"
+        if lid not in versions:
+            calls.append(("pull_learner", (lid,), {}))
+            versions[lid] = True
+        else:
+            delta = rng.standard_normal(6).astype(np.float32)
+            calls.append(("push", (delta, int(rng.integers(0, 1 + step // 4)), lid),
+                          {"seq": step}))
+            del versions[lid]
+    one_by_one = [getattr(alone, m)(*a, **k) for m, a, k in calls]
+    batched = []
+    i = 0
+    while i < len(calls):  # trips of consecutive calls of one method
+        j = i
+        while j < len(calls) and calls[j][0] == calls[i][0] and j - i < 3:
+            j += 1
+        batched += [v for ok, v in combined.call_many(calls[i][0],
+                                                      [(a, k) for _, a, k in calls[i:j]])]
+        i = j
+    for x, y in zip(one_by_one, batched):
+        if hasattr(x, "staleness"):
+            assert (x.status, x.version, x.staleness, x.weight) == \
+                (y.status, y.version, y.staleness, y.weight)
+        else:
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert x.version == y.version
+    np.testing.assert_array_equal(alone.pull().params, combined.pull().params)
+    assert alone.metrics()["actor/pushes"] == combined.metrics()["actor/pushes"]
+
+
+def test_a_call_that_raises_in_a_batch_fails_alone():
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig())
+    out = a.call_many("push", [((np.ones(2, np.float32), 0, "A"), {}),
+                               ((np.ones(2, np.float32), 0, "B"), {"no_such_arg": 1}),
+                               ((np.ones(2, np.float32), 1, "C"), {})])
+    assert [ok for ok, _ in out] == [True, False, True]
+    assert isinstance(out[1][1], TypeError)
+    assert out[2][1].status == "applied" and a.pull().version == 2
+    with pytest.raises(ValueError, match="not combined"):
+        a.call_many("state_dict", [((), {})])
