@@ -135,11 +135,14 @@ CASES = [
      "call:state_dict", 2),
     ("async-round-end", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=2"],
      "call:round_end", 5),
-    ("async-heartbeat", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=3"], "heartbeat", 4),
+    # the heartbeat cases train their whole budget: a solve can end a run within its first
+    # few heartbeats (0.5 s apart), and the fault would land after the run's stop instead
+    ("async-heartbeat", "ppo_cartpole.yaml",
+     ASYNC + ["checkpoint.every_s=3", "stop.solve_on_target=false"], "heartbeat", 4),
     ("async-evaluation", "ppo_cartpole.yaml",
      ASYNC + ["checkpoint.every_s=1", "stop.eval_every_updates=10"], "eval", 2),
     ("async-heartbeat-end-only-checkpoints", "ppo_cartpole.yaml",
-     ASYNC + ["checkpoint.every_s=0"], "heartbeat", 3),
+     ASYNC + ["checkpoint.every_s=0", "stop.solve_on_target=false"], "heartbeat", 3),
     ("async-end-metrics", "ppo_cartpole.yaml",
      ASYNC + ["checkpoint.every_s=1", "stop.env_steps=30000", "stop.solve_on_target=false"],
      "call:metrics", 1),
@@ -147,7 +150,6 @@ CASES = [
      STELLARIS + ["checkpoint.every_s=1"], "call:round_end", 3),
     ("stellaris-checkpoint", "ppo_cartpole_stellaris.yaml",
      STELLARIS + ["checkpoint.every_s=2"], "call:state_dict", 3),
-    # trains its whole budget: a solve can come within the first 6 heartbeats (3 s)
     ("stellaris-heartbeat", "ppo_cartpole_stellaris.yaml",
      STELLARIS + ["checkpoint.every_s=1", "stop.solve_on_target=false"], "heartbeat", 6),
     ("sync-expect-learners", "ppo_cartpole_sync.yaml",
