@@ -275,6 +275,13 @@ class Trainer(Run):
         self.rolled_back_at = steps_before
         self.updates_discarded += max(before - self.updates, 0)
         self.env_steps_discarded += max(steps_before - kept_steps, 0)
+        if self.confirmation is not None and self.updates < before:
+            # the confirmed policy went with the rollback: the run's end judges the policy it
+            # now holds (Run.final_evaluation), never the one that is gone
+            logger.warning("the confirmed policy (version %d) was lost with the parameter "
+                           "actor; the final policy will be judged again",
+                           self.confirmation.version)
+            self.confirmation = None
         self.metrics.write("recovery", {"reason": reason, "checkpoint": name,
                                         "version_lost": before, "version": self.updates,
                                         "env_steps": self.env_steps,

@@ -180,6 +180,31 @@ def test_the_actor_lost_at_any_moment(client, tmp_path, monkeypatch, case):
     _check_exactly_once(run_dir, s)
 
 
+def test_the_actor_lost_after_a_confirmed_solve_judges_the_policy_left(client, tmp_path,
+                                                                         monkeypatch):
+    """Solved and confirmed, then the actor's worker dies before the final checkpoint: the
+    rollback to the initial checkpoint (the only one) takes the confirmed policy with it, and
+    the summary must judge the policy the run now holds, not claim the lost one."""
+    original = driver_module.Driver._finish
+    lost = []
+
+    def finish(self):
+        if self.stop_reason == "solved" and not lost:
+            lost.append(self.confirmation.version)
+            kill_actor_worker(self)
+        return original(self)
+    monkeypatch.setattr(driver_module.Driver, "_finish", finish)
+    cfg = dask_rl.api.resolve(PIPELINES / "ppo_cartpole.yaml",
+                              FAST + ASYNC + ["checkpoint.every_s=0", "stop.target_return=100"])
+    s = dask_rl.train(cfg, client=client, run_dir=tmp_path / "run").summary
+    assert lost and lost[0] > 0, "the run did not solve"
+    assert s["recoveries"] >= 1 and s["updates_discarded"] >= lost[0], s
+    assert s["updates"] == 0  # back to the initial checkpoint
+    # whatever was confirmed is the policy the run ends with
+    assert s["confirmation"] is None or s["confirmation"]["version"] == s["updates"], s
+    assert not s["solved"] or s["confirmation"] is not None
+
+
 def test_a_pbt_exploit_whose_member_actor_dies(client, tmp_path, monkeypatch):
     """The exploit's copy fails with the loser's actor: skipped, the member recovers."""
     original = PBTDriver._exploit
