@@ -187,7 +187,7 @@ def combined_counts(key: str) -> dict:
     from dask_rl.runtime import combiner
 
     return {method: {"calls": c.calls, "trips": c.trips}
-            for (k, method), c in combiner._registry.items() if k == key}
+            for (k, _, method), c in combiner._registry.items() if k == key}
 
 
 def window(client, workers: list[str], size: int, k: int, args: argparse.Namespace, *,

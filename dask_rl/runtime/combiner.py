@@ -13,24 +13,20 @@ acknowledgement. No timer, no batch size to tune: the trips pace themselves by t
 round trip, and batches grow only when calls queue (Nagle-like "self-clocking").
 
 The first caller waiting when a trip returns sends the next trip; so no thread sends for
-others after its own call is answered. A caller that gives up (``timeout``) is withdrawn from
-the queue; one already chosen to send goes on and sends.
+others after its own call is answered. A call's ``timeout`` covers its wait and its trip: a
+caller that gives up is withdrawn from the queue, one already chosen to send goes on and sends
+with what is left of its time. A trip that fails fails its calls (each caller raises), and
+the next trip goes regardless.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 Call = tuple[tuple, dict]  # (args, kwargs) of one call
-
-# Combining pays for models whose calls cost the actor more in messages than in bytes. A
-# 1.7M-parameter CNN moves ~20 MB per learner pull and per push (parameters and the
-# learners' Adam moments): one trip of such pushes serialises what separate calls overlap,
-# and made fewer pushes/s than uncombined calls (benchmarks/parameter_service.py: 16 and 64
-# learners, 0.78x and 0.53x), so handles combine only for models of at most this many bytes.
-COMBINE_MAX_BYTES = 1 << 20
 
 
 @dataclass(eq=False)
@@ -50,8 +46,8 @@ class Combiner:
     Parameters
     ----------
     send
-        Sends one trip: takes the calls, returns their results in the same order (or raises:
-        every call of the trip then raises it).
+        Sends one trip: ``send(calls, timeout)`` returns the calls' results in the same order
+        (or raises an ``Exception``: every call of the trip then raises it).
     max_batch
         Calls per trip at most (a bound on one message's size: 16 CNN pushes are ~320 MB).
     max_in_flight
@@ -59,12 +55,12 @@ class Combiner:
         wire waits for its round trip; with 2, two callers go side by side and batches form
         only behind two trips: a little less latency with few callers, smaller batches under
         load (``benchmarks/parameter_service.py``, MLP, 2 worker processes of callers: 64
-        learners + 64 samplers made 2.0x the pushes/s of uncombined calls with 2 and 2.4x
-        with 1; 4 + 4 made 0.92-0.96x with 1, in two runs).
+        learners + 64 samplers made 2.0x the pushes/s of uncombined calls with 2 and 2.4-2.7x
+        with 1; 4 + 4 made 0.92-0.96x with 1).
     """
 
-    def __init__(self, send: Callable[[list[Call]], list[Any]], *, max_batch: int = 16,
-                 max_in_flight: int = 1):
+    def __init__(self, send: Callable[[list[Call], float | None], list[Any]], *,
+                 max_batch: int = 16, max_in_flight: int = 1):
         if max_batch < 1 or max_in_flight < 1:
             raise ValueError("max_batch and max_in_flight must be at least 1")
         self._send = send
@@ -77,22 +73,23 @@ class Combiner:
         self.trips = 0
 
     def call(self, call: Call, *, timeout: float | None = None) -> Any:
-        """Make one call, ``(args, kwargs)``, through the combiner and wait for its result."""
+        """Make one call, ``(args, kwargs)``, through the combiner and wait for its result:
+        ``timeout`` seconds at most in all, waiting and sending (the trip a caller sends
+        gets what is left of its own time)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         me = _Waiter(call)
         with self._lock:
             self.calls += 1
             self._queue.append(me)
             batch = self._take()
         if batch is None:  # wait: for an answer, or to be chosen to send a trip
-            if not me.event.wait(timeout):
+            if not me.event.wait(_left(deadline)):
                 self._give_up(me)
             if me.answered:
                 return self._outcome(me)
             batch = me.batch
-        assert batch is not None
-        self._trip(batch)
-        if not me.answered and not me.event.wait(timeout):  # sent others' calls, not ours
-            self._give_up(me)
+        assert batch is not None and me in batch  # a sender always carries its own call
+        self._trip(batch, _left(deadline))
         return self._outcome(me)
 
     def _take(self) -> list[_Waiter] | None:
@@ -118,36 +115,53 @@ class Combiner:
                 self._queue.remove(me)
         raise TimeoutError("a combined call to the parameter actor was not answered in time")
 
-    def _trip(self, batch: list[_Waiter]) -> None:
+    def _trip(self, batch: list[_Waiter], timeout: float | None) -> None:
+        interrupted: BaseException | None = None
         try:
-            results = self._send([w.call for w in batch])
+            results = self._send([w.call for w in batch], timeout)
             if len(results) != len(batch):
                 raise RuntimeError(f"{len(results)} results for {len(batch)} combined calls")
-        except BaseException as exc:  # every call of the trip fails with the trip
-            for w in batch:
-                w.error = exc
-        else:
             for w, r in zip(batch, results):
                 w.result = r
-        with self._lock:
+        except Exception as exc:  # every call of the trip fails with the trip
             for w in batch:
-                w.answered = True
-                w.event.set()
-            self._in_flight -= 1
-            nxt = self._take()
-            if nxt is not None:  # the first caller of the next trip sends it
-                nxt[0].batch = nxt
-                nxt[0].event.set()
+                w.error = exc
+        except BaseException as exc:  # e.g. KeyboardInterrupt: the sender's own, not theirs
+            interrupted = exc
+            for w in batch:
+                w.error = RuntimeError("the thread sending this combined call was interrupted")
+        finally:
+            with self._lock:
+                for w in batch:
+                    w.answered = True
+                    w.event.set()
+                self._in_flight -= 1
+                nxt = self._take()
+                if nxt is not None:  # the first caller of the next trip sends it
+                    nxt[0].batch = nxt
+                    nxt[0].event.set()
+        if interrupted is not None:
+            raise interrupted
 
 
-_registry: dict[tuple[str, str], Combiner] = {}
+def _left(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (None: no deadline), at least a little."""
+    return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+
+
+_registry: dict[tuple, Combiner] = {}
 _registry_lock = threading.Lock()
 
 
-def combiner_for(key: str, method: str, make: Callable[[], Combiner]) -> Combiner:
-    """This process's combiner of ``method`` calls to the actor ``key`` (made on first use)."""
+def combiner_for(key: str, incarnation: tuple, method: str,
+                 make: Callable[[], Combiner]) -> Combiner:
+    """This process's combiner of ``method`` calls to the actor ``key`` in its
+    ``incarnation`` (its address and epoch: a key can come back, a later driver's actor
+    elsewhere), made on first use; combiners of the key's other incarnations go."""
     with _registry_lock:
-        combiner = _registry.get((key, method))
+        combiner = _registry.get((key, incarnation, method))
         if combiner is None:
-            combiner = _registry[(key, method)] = make()
+            for old in [k for k in _registry if k[0] == key and k[1] != incarnation]:
+                del _registry[old]
+            combiner = _registry[(key, incarnation, method)] = make()
         return combiner

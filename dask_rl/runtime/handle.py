@@ -51,12 +51,13 @@ class ActorHandle:
         return True, worker.state.actors.get(self.actor.key)
 
     def _combiner(self, method: str) -> Combiner:
-        actor, timeout = self.actor, self.timeout
+        actor = self.actor
 
-        def send(calls):
-            return actor.call_many(method, calls).result(timeout=timeout)
+        def send(calls, timeout):
+            return actor.call_many(method, calls).result(timeout=timeout).items
 
-        return combiner_for(self.actor.key, method, lambda: Combiner(send))
+        incarnation = (getattr(actor, "_address", None), self.epoch)
+        return combiner_for(actor.key, incarnation, method, lambda: Combiner(send))
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` and wait for its result (at most ``timeout`` seconds)."""

@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,15 @@ logger = logging.getLogger(__name__)
 
 # the calls a combined trip may carry (:meth:`ParameterActor.call_many`)
 COMBINABLE = frozenset({"push", "pull", "pull_learner"})
+
+
+@dataclass
+class TripAnswers:
+    """:meth:`ParameterActor.call_many`'s answers, ``(ok, value)`` per call, in one object:
+    Dask serialises a list's items one by one, so pulls of one version would each carry the
+    parameters; pickled whole, arrays shared by several answers travel once."""
+
+    items: list[tuple[bool, Any]]
 
 
 def _locked(method):
@@ -151,11 +161,13 @@ class ParameterActor:
         return self.pull(learner_id=learner_id, learner_state=True)
 
     @_locked
-    def call_many(self, method: str, calls: list[tuple[tuple, dict]]) -> list[tuple[bool, Any]]:
+    def call_many(self, method: str, calls: list[tuple[tuple, dict]]) -> TripAnswers:
         """Several calls of ``method`` in one (a :class:`~dask_rl.runtime.combiner.Combiner`'s
         trip), served one by one in the given order under one hold of the lock: each gets
         exactly the answer it would have got alone at that place in the order, as ``(True,
-        result)``, or ``(False, exception)`` if it raised (only that call fails)."""
+        result)``, or ``(False, exception)`` if it raised (only that call fails). With one
+        trip on the wire per worker process (the combiner's default) trips arrive in the
+        order they were made; with more, two trips may cross."""
         if method not in COMBINABLE:
             raise ValueError(f"{method!r} calls are not combined")
         serve = getattr(self, method)
@@ -165,7 +177,7 @@ class ParameterActor:
                 out.append((True, serve(*args, **kwargs)))
             except Exception as exc:  # noqa: BLE001 - handed back to its own caller
                 out.append((False, exc))
-        return out
+        return TripAnswers(out)
 
     @_locked
     def expect_learners(self, learner_ids: list[str]) -> int:

@@ -21,7 +21,6 @@ from distributed import Client
 
 from dask_rl.config.schema import PipelineConfig
 from dask_rl.runtime.cluster import special_workers
-from dask_rl.runtime.combiner import COMBINE_MAX_BYTES
 from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.parameter_actor import ParameterActor
 
@@ -92,8 +91,7 @@ class ActorSupervisor:
                 f"{max(cfg.checkpoint.actor_timeout_s, 60.0):g} s: no worker took the task "
                 f"(are all workers paused for memory, or none of the allowed ones alive?)"
             ) from None
-        handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s, epoch=epoch,
-                             combine=np.asarray(self.params).nbytes <= COMBINE_MAX_BYTES)
+        handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s, epoch=epoch)
         self._future = future  # keeps the actor alive
         return handle
 

@@ -20,11 +20,13 @@ class GatedServer:
         self.gate = threading.Event()
         self.fail_trip, self.gated = fail_trip, gated
         self.trips: list[list[int]] = []
+        self.timeouts: list[float | None] = []
         self.lock = threading.Lock()
 
-    def __call__(self, calls):
+    def __call__(self, calls, timeout=None):
         with self.lock:
             self.trips.append([args[0] for args, _ in calls])
+            self.timeouts.append(timeout)
             n = len(self.trips)
         if n <= self.gated:
             self.gate.wait(10)
@@ -100,12 +102,15 @@ def test_two_trips_go_side_by_side_and_calls_queue_only_behind_both():
     server = GatedServer(gated=2)
     c = Combiner(server, max_in_flight=2)
     results, errors, threads = _queue_calls(c, range(6))
+    deadline = time.monotonic() + 10
+    while len(server.trips) < 2 and time.monotonic() < deadline:  # both senders arrived
+        time.sleep(0.001)
     # calls 0 and 1 went at once, each alone; 2-5 waited behind them for one trip
-    assert server.trips == [[0], [1]] and not results
+    assert sorted(server.trips) == [[0], [1]] and not results
     server.gate.set()
     _join(threads)
     assert not errors and results == {v: 10 * v for v in range(6)}
-    assert server.trips[:2] == [[0], [1]] and server.trips[2:] == [[2, 3, 4, 5]]
+    assert sorted(server.trips[:2]) == [[0], [1]] and server.trips[2:] == [[2, 3, 4, 5]]
 
 
 def test_a_caller_that_gives_up_is_withdrawn_and_nothing_hangs():
@@ -147,8 +152,8 @@ def test_a_batch_is_served_exactly_as_the_same_calls_one_by_one(aggregation):
         j = i
         while j < len(calls) and calls[j][0] == calls[i][0] and j - i < 3:
             j += 1
-        batched += [v for ok, v in combined.call_many(calls[i][0],
-                                                      [(a, k) for _, a, k in calls[i:j]])]
+        batched += [v for ok, v in combined.call_many(
+            calls[i][0], [(a, k) for _, a, k in calls[i:j]]).items]
         i = j
     for x, y in zip(one_by_one, batched):
         if hasattr(x, "staleness"):
@@ -166,9 +171,69 @@ def test_a_call_that_raises_in_a_batch_fails_alone():
     a = ParameterActor(np.zeros(2, np.float32), AsyncConfig())
     out = a.call_many("push", [((np.ones(2, np.float32), 0, "A"), {}),
                                ((np.ones(2, np.float32), 0, "B"), {"no_such_arg": 1}),
-                               ((np.ones(2, np.float32), 1, "C"), {})])
+                               ((np.ones(2, np.float32), 1, "C"), {})]).items
     assert [ok for ok, _ in out] == [True, False, True]
     assert isinstance(out[1][1], TypeError)
     assert out[2][1].status == "applied" and a.pull().version == 2
     with pytest.raises(ValueError, match="not combined"):
         a.call_many("state_dict", [((), {})])
+
+
+def test_the_sender_spends_what_is_left_of_its_own_time():
+    server = GatedServer()
+    c = Combiner(server)
+    results, errors, threads = _queue_calls(c, [0], timeout=5)  # held at the gate
+    r2, e2, t2 = _queue_calls(c, [1], timeout=2.0)
+    time.sleep(0.3)
+    server.gate.set()
+    _join(threads + t2)
+    assert r2 == {1: 10} and server.trips == [[0], [1]]
+    assert server.timeouts[0] == pytest.approx(5, abs=0.2)
+    assert 1.0 < server.timeouts[1] < 1.8  # 2 s less the ~0.3 s it waited in the queue
+
+
+def test_an_interrupted_sender_fails_its_trip_and_frees_the_next():
+    class Interrupting:
+        trips = 0
+
+        def __call__(self, calls, timeout=None):
+            self.trips += 1
+            if self.trips == 1:
+                raise KeyboardInterrupt
+            return [args[0] for args, _ in calls]
+
+    c = Combiner(Interrupting())
+    with pytest.raises(KeyboardInterrupt):  # the sender's own interruption, re-raised
+        c.call(((1,), {}))
+    assert c.call(((2,), {})) == 2  # nothing left in flight
+
+
+def test_a_trip_of_pulls_carries_the_parameters_once():
+    """Dask pickles a list's items one by one; the answers travel as one object, so pulls
+    of one version share one copy of the parameters on the wire."""
+    from distributed.protocol import dumps, to_serialize
+
+    a = ParameterActor(np.random.default_rng(0).standard_normal(50_000).astype(np.float32),
+                       AsyncConfig())
+
+    def wire(x):
+        return sum(len(frame) for frame in dumps({"result": to_serialize(x)}))
+
+    one = wire(a.call_many("pull", [((), {})]))
+    eight = a.call_many("pull", [((), {})] * 8)
+    learners = a.call_many("pull_learner", [((f"L{i}",), {}) for i in range(8)])
+    assert wire(eight) < 1.1 * one and wire(learners) < 1.1 * one
+    assert wire(eight.items) > 7 * one  # what a plain list would have cost
+
+
+def test_an_actor_key_that_comes_back_elsewhere_gets_a_new_combiner():
+    from dask_rl.runtime.combiner import _registry, combiner_for
+
+    def make():
+        return Combiner(GatedServer())
+
+    first = combiner_for("parameter-actor-0-run", ("tcp://a", "0-x"), "push", make)
+    assert combiner_for("parameter-actor-0-run", ("tcp://a", "0-x"), "push", make) is first
+    again = combiner_for("parameter-actor-0-run", ("tcp://c", "0-y"), "push", make)
+    assert again is not first  # a later driver's actor of the same name, on another worker
+    assert not [k for k in _registry if k[0] == "parameter-actor-0-run" and k[1][0] == "tcp://a"]
