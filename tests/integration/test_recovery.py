@@ -45,8 +45,14 @@ def _kill_worker_running(client, prefix: str, avoid: str | None) -> str:
     def candidates():
         return [w for w, keys in client.processing().items()
                 if w != avoid and any(str(k).startswith(prefix) for k in keys)]
-    _when(lambda: bool(candidates()))
-    victim = candidates()[0]
+    found: list[str] = []
+
+    def look() -> bool:  # one look both tests and picks: a task may end between two looks
+        found[:] = candidates()
+        return bool(found)
+
+    _when(look)
+    victim = found[0]
     pid = client.run(os.getpid, workers=[victim])[victim]
     os.kill(pid, signal.SIGKILL)
     return victim
