@@ -5,20 +5,24 @@ worker A of a ``LocalCluster`` of three worker processes. K learners and K sampl
 threads (long-running tasks) on workers B and C, alternating, and call it through
 :class:`~dask_rl.runtime.handle.ActorHandle` exactly as training's tasks do:
 
-* a **learner** loops ``pull_learner`` (parameters, the learners' Adam moments) ->
-  ``--work-ms`` of sleep (tiny learner work, so that the service is the bottleneck) ->
-  ``push`` (a delta and Adam moments of the model's size, float32, exactly-once sequence
-  numbers), with the ``async`` strategy (every push is an update);
+* a **learner** loops ``pull_learner`` (parameters, and the learners' Adam moments unless
+  they stay with the learner) -> ``--work-ms`` of sleep (tiny learner work, so that the
+  service is the bottleneck) -> ``push`` (a delta, and Adam moments unless they stay, of the
+  model's size, float32, exactly-once sequence numbers), with the ``async`` strategy (every
+  push is an update);
 * a **sampler** loops ``pull(newer_than=held)`` (parameters only when the version moved) ->
   ``--sample-ms`` of sleep (a rollout).
 
 Payloads are the real models' sizes: the MLP of ``pipelines/ppo_cartpole.yaml`` and the
-Nature CNN of ``pipelines/ppo_pong.yaml``. For each model and K (``--learners``: 1, 4, 16,
-64), after ``--warmup-s`` the script counts ``--window-s`` seconds: pushes/s, learner pulls/s,
-sampler pulls/s (and how many carried parameters), p50/p99 latency of each kind of call, and
-the CPU seconds each process spent (the actor's worker against the callers' workers and the
-scheduler: on this machine's 2 cores the callers compete with the actor, which the CPU
-column makes visible instead of hiding).
+Nature CNN of ``pipelines/ppo_pong.yaml``. Three paths (``--paths``), side by side per K:
+``uncombined`` (one actor call per call, moments with the actor: the path before this work),
+``combined`` (call combining, moments with the actor) and ``combined-local`` (call combining,
+``learner.optimizer_state = local``: moments stay with the learners). For each model and K
+(``--learners``: 1, 4, 16, 64), after ``--warmup-s`` the script counts ``--window-s`` seconds:
+pushes/s, learner pulls/s, sampler pulls/s (and how many carried parameters), p50/p99
+latency of each kind of call, and the CPU seconds each process spent (the actor's worker
+against the callers' workers and the scheduler: on this machine's 2 cores the callers compete
+with the actor, which the CPU column makes visible instead of hiding).
 
 Where the time goes: a separate window per model (K = ``--profile-k``, so that sampling does
 not slow the timed windows) samples every thread's stack on the actor's worker every
@@ -68,16 +72,18 @@ def model_size(model: str) -> int:
 
 # ---- the callers (threads on workers B and C) ------------------------------------------------
 def learner_loop(actor, learner_id: str, seq0: int, size: int, work_s: float, start_at: float,
-                 stop_at: float) -> list[tuple]:
-    """``(kind, t_start, t_end, carried_params)`` of every call until ``stop_at``."""
+                 stop_at: float, local: bool) -> list[tuple]:
+    """``(kind, t_start, t_end, carried_params)`` of every call until ``stop_at``; ``local``:
+    the Adam moments stay with the learner (neither pulled nor pushed)."""
     rng = np.random.default_rng(seq0)
     delta = (1e-7 * rng.standard_normal(size)).astype(np.float32)
-    opt = {"m": np.zeros(size, np.float32), "v": np.zeros(size, np.float32), "t": 1}
+    opt = None if local else {"m": np.zeros(size, np.float32),
+                              "v": np.zeros(size, np.float32), "t": 1}
     calls, seq = [], seq0
     time.sleep(max(0.0, start_at - time.time()))
     while time.time() < stop_at:
         t0 = time.time()
-        snapshot = actor.call("pull_learner", learner_id)
+        snapshot = actor.call("pull_learner", learner_id, opt_state=not local)
         t1 = time.time()
         calls.append(("learner_pull", t0, t1, snapshot is not None))
         if snapshot is None:
@@ -190,8 +196,13 @@ def combined_counts(key: str) -> dict:
             for (k, _, method), c in combiner._registry.items() if k == key}
 
 
+PATHS = {"uncombined": (False, False), "combined": (True, False),
+         "combined-local": (True, True)}  # path -> (combine, moments local)
+
+
 def window(client, workers: list[str], size: int, k: int, args: argparse.Namespace, *,
-           combine: bool, profile: bool = False) -> dict:
+           path: str, profile: bool = False) -> dict:
+    combine, local = PATHS[path]
     actor_worker, callers = workers[0], workers[1:]
     future, actor = new_actor(client, actor_worker, size, k, combine)
     start_at = time.time() + 1.5 + 0.03 * k
@@ -201,7 +212,7 @@ def window(client, workers: list[str], size: int, k: int, args: argparse.Namespa
     loops = []
     for i in range(k):
         loops.append(client.submit(learner_loop, actor, f"L{i}", i * 10**7, size,
-                                   args.work_ms / 1e3, start_at, stop_at, pure=False,
+                                   args.work_ms / 1e3, start_at, stop_at, local, pure=False,
                                    workers=[callers[i % len(callers)]]))
         loops.append(client.submit(sampler_loop, actor, args.sample_ms / 1e3, start_at,
                                    stop_at, pure=False,
@@ -217,8 +228,8 @@ def window(client, workers: list[str], size: int, k: int, args: argparse.Namespa
     metrics = actor.call("metrics")
     trips = client.run(combined_counts, actor.key, workers=callers)
     client.cancel([future])
-    out = {"learners": k, "samplers": k, "window_s": args.window_s, "combine": combine,
-           "combined": trips}
+    out = {"learners": k, "samplers": k, "window_s": args.window_s, "path": path,
+           "combine": combine, "moments_local": local, "combined": trips}
     for kind in KINDS:
         mine = [c for c in calls if c[0] == kind and begin <= c[2] <= stop_at]
         lat = np.array([c[2] - c[1] for c in mine]) * 1e3
@@ -269,7 +280,7 @@ def markdown(result: dict) -> str:
              f"{result['settings']['window_s']} s windows).", ""]
     for model, rows in result["models"].items():
         lines += [f"### {rows['name']} ({rows['params']:,} float32 parameters)", "",
-                  "| learners + samplers | combining | pushes/s | learner pulls/s | sampler "
+                  "| learners + samplers | path | pushes/s | learner pulls/s | sampler "
                   "pulls/s (with params) | push p50 / p99 ms | learner pull p50 / p99 ms | "
                   "sampler pull p50 / p99 ms | calls per trip | CPU s/s: actor, callers, "
                   "scheduler |",
@@ -280,7 +291,7 @@ def markdown(result: dict) -> str:
             cpu = w["cpu_s_per_s"]
             callers = sum(v for k, v in cpu.items() if k.startswith("caller"))
             lines.append(
-                f"| {w['learners']} + {w['samplers']} | {'on' if w['combine'] else 'off'} | "
+                f"| {w['learners']} + {w['samplers']} | {w['path']} | "
                 f"{w['push']['per_s']:.0f} | "
                 f"{w['learner_pull']['per_s']:.0f} | {w['sampler_pull']['per_s']:.0f} "
                 f"({w['sampler_pull']['with_params'] / w['window_s']:.0f}) | {lat('push')} | "
@@ -288,7 +299,7 @@ def markdown(result: dict) -> str:
                 f"{cpu['actor']:.2f}, "
                 f"{callers:.2f}, {cpu['scheduler']:.2f} |")
         for mode, w in rows.get("profile", {}).items():
-            lines += ["", f"Where the actor's worker spends its time, combining {mode} "
+            lines += ["", f"Where the actor's worker spends its time, path {mode} "
                       f"({rows['profile_k']} learners + {rows['profile_k']} samplers, stacks "
                       f"sampled every {result['settings']['profile_ms']} ms):", ""]
             lines += profile_table(w["profile"])
@@ -306,8 +317,10 @@ def main() -> int:
     ap.add_argument("--window-s", type=float, default=8.0)
     ap.add_argument("--profile-k", type=int, default=16)
     ap.add_argument("--profile-ms", type=float, default=5.0)
-    ap.add_argument("--combine", nargs="+", choices=("off", "on"), default=["off", "on"],
-                    help="call combining (off: one actor call per call, the path before it)")
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
+                    help="uncombined: one actor call per call with the moments (the path "
+                         "before); combined: call combining; combined-local: and the moments "
+                         "stay with the learners")
     ap.add_argument("--label", default="current")
     ap.add_argument("--out", default=str(HERE / "results" / "parameter_service"))
     args = ap.parse_args()
@@ -331,18 +344,18 @@ def main() -> int:
             size = model_size(model)
             rows = {"name": name, "params": size, "windows": [], "profile_k": args.profile_k}
             for k in args.learners:
-                for mode in args.combine:  # side by side: one call per trip, then combined
-                    w = window(client, workers, size, k, args, combine=mode == "on")
+                for mode in args.paths:  # side by side, in the order given
+                    w = window(client, workers, size, k, args, path=mode)
                     rows["windows"].append(w)
-                    print(f"{model} K={k:3d} combine {mode:3s}: pushes/s "
+                    print(f"{model} K={k:3d} {mode:14s}: pushes/s "
                           f"{w['push']['per_s']:7.1f}  learner pulls/s "
                           f"{w['learner_pull']['per_s']:7.1f}  sampler pulls/s "
                           f"{w['sampler_pull']['per_s']:7.1f}  push p50/p99 "
                           f"{_ms(w['push']['p50_ms'])}/{_ms(w['push']['p99_ms'])} ms  actor "
                           f"CPU {w['cpu_s_per_s']['actor']:.2f} s/s", flush=True)
             rows["profile"] = {mode: window(client, workers, size, args.profile_k, args,
-                                            combine=mode == "on", profile=True)
-                               for mode in args.combine}
+                                            path=mode, profile=True)
+                               for mode in args.paths}
             result["models"][model] = rows
     text = markdown(result)
     print(text)

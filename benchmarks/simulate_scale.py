@@ -13,13 +13,18 @@ and is labelled as one everywhere it reports.
 2. **Parameter actor service times (measured).** A real ``ParameterActor`` runs as a Dask actor on
    worker A of a ``LocalCluster`` of two worker processes. A task on worker B (where the learners
    of part 3 run) calls it through ``ActorHandle``, as learner tasks do, with three kinds of call:
-   a learner pull (``pull_learner``: parameters and the learners' Adam moments), a push (delta
-   and Adam moments) and a rollout pull (``pull(newer_than=-1)``: parameters only). For each
-   kind, the *service time* ``s`` is the wall time per call with ``--in-flight`` calls
-   outstanding (the actor's worker is the bottleneck; an upper bound, because the calling
-   process shares this machine's two cores), and the *round trip* ``rtt`` is the mean time of one
-   call with nothing else outstanding. The update math alone (the method called in-process) is
-   reported beside them.
+   a learner pull (``pull_learner``: parameters, and the learners' Adam moments unless they stay
+   with the learners), a push (delta, and the moments unless they stay) and a rollout pull
+   (``pull(newer_than=-1)``: parameters only), on each path of ``--paths`` (``uncombined``: one
+   message per call, moments with the actor, the path before call combining; ``combined``:
+   training's default; ``combined-local``: and ``learner.optimizer_state = local``). For each
+   kind, the *service time* ``s`` is the wall time per call with ``--in-flight`` threads of
+   that task calling at once (default 16, a combined trip's most calls; the actor's worker is
+   the bottleneck; an upper bound, because the calling process shares this machine's two
+   cores), and the *round trip* ``rtt`` is the mean time of one call with nothing else
+   outstanding. With combining, ``s`` is the cost per call of full trips, and the calls per
+   trip are reported. The update math alone (the method called in-process) is reported beside
+   them.
 3. **Real learners against the real actor (measured), and the model with the same inputs.**
    N learners (``--learners``, default 2 4 8 16 32; N = 1 always runs first) are N
    long-running tasks on worker B of ``LocalCluster(n_workers=2, threads_per_worker=max(N),
@@ -78,7 +83,7 @@ Running it
 ----------
 ::
 
-    python benchmarks/simulate_scale.py                    # everything, ~4 min on 2 cores
+    python benchmarks/simulate_scale.py                    # everything, ~10 min on 2 cores
     python benchmarks/simulate_scale.py --quick --measure-s 2 --learners 2 4 \\
         --sim-learners 1 4 16 --horizon 5 --out /tmp/simulate_scale_smoke
 
@@ -96,7 +101,6 @@ import json
 import platform
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +127,11 @@ DIM = 64
 PIPELINES = {"mlp": ("MLP 64x64 (CartPole PPO)", HERE.parent / "pipelines" / "ppo_cartpole.yaml"),
              "cnn": ("Nature CNN (Atari PPO)", HERE.parent / "pipelines" / "ppo_pong.yaml")}
 KINDS = ("pull", "push", "rollout_pull")
+# how learners reach the actor -> (call combining, Adam moments kept by the learners):
+# uncombined, moments with the actor (the path before combining); combined (training's
+# default); combined-local (learner.optimizer_state = local)
+PATHS = {"uncombined": (False, False), "combined": (True, False),
+         "combined-local": (True, True)}
 
 
 # ---- the model -------------------------------------------------------------------------------
@@ -409,57 +418,91 @@ def measure_learner_time(model: str, *, warmup: int, repeats: int, device: str,
 
 
 # ---- part 2: service times -------------------------------------------------------------------
-def _payload(size: int, seed: int) -> tuple[np.ndarray, dict]:
-    """A push's delta and Adam moments (what a learner sends), ``size`` floats each."""
+def _payload(size: int, seed: int, local: bool) -> tuple[np.ndarray, dict | None]:
+    """A push's delta and Adam moments (what a learner sends), ``size`` floats each; no
+    moments when they stay with the learner (``local``)."""
     rng = np.random.default_rng(seed)
     delta = (1e-6 * rng.standard_normal(size)).astype(np.float32)
-    opt = {"m": np.zeros(size, np.float32), "v": np.zeros(size, np.float32), "t": 1}
+    opt = None if local else {"m": np.zeros(size, np.float32),
+                              "v": np.zeros(size, np.float32), "t": 1}
     return delta, opt
 
 
-def _service_task(actor, size: int, calls: int, in_flight: int) -> dict:
+def _service_task(actor, size: int, calls: int, in_flight: int, local: bool) -> dict:
     """On the learners' worker: per call kind, the round trip of one call at a time and the
-    wall time per call with ``in_flight`` calls outstanding (the service time)."""
-    delta, opt = _payload(size, 0)
+    wall time per call with ``in_flight`` threads calling at once (the service time), each
+    call made as a learner task makes it (``ActorHandle.call``, combined or not as the
+    handle says)."""
+    import contextvars
+    import itertools
+    import threading
+
+    from dask_rl.runtime import combiner
+
+    delta, opt = _payload(size, 0, local)
     # one push with Adam moments first, so that learner pulls carry them as in training
     actor.call("push", delta, 0, "prime", opt_state=opt, seq=-1)
-    seqs = iter(range(10**9))
+    seqs = itertools.count()
 
-    def start(kind: str, i: int):
+    def one(kind: str, i: int):
         if kind == "pull":
-            return actor.submit("pull_learner", f"L{i % 64}")
+            return actor.call("pull_learner", f"L{i % 64}", opt_state=not local)
         if kind == "push":
-            return actor.submit("push", delta, 0, f"L{i % 64}", opt_state=opt, seq=next(seqs))
-        return actor.submit("pull", newer_than=-1)
+            return actor.call("push", delta, 0, f"L{i % 64}", opt_state=opt, seq=next(seqs))
+        return actor.call("pull", newer_than=-1)
 
     out = {}
+    per_thread = max(calls // in_flight, 1)
     for kind in KINDS:
         for i in range(3):  # warm-up
-            start(kind, i).result()
+            one(kind, i)
         t0 = time.perf_counter()
         for i in range(calls):
-            start(kind, i).result()
+            one(kind, i)
         rtt = (time.perf_counter() - t0) / calls
-        pending: deque = deque()
+        errors: list[BaseException] = []
+
+        def body(j: int) -> None:
+            try:
+                for i in range(per_thread):
+                    one(kind, j * per_thread + i)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+
+        # each thread runs in a copy of this task's context, so that it knows its worker
+        # (``get_worker``) and its calls take the handle's path (combined or not), as a
+        # learner task's do
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(body, j))
+                   for j in range(in_flight)]
+        before = _trips(combiner, actor.key)
         t0 = time.perf_counter()
-        for i in range(calls):
-            pending.append(start(kind, i))
-            if len(pending) >= in_flight:
-                pending.popleft().result()
-        while pending:
-            pending.popleft().result()
-        out[kind] = {"service_s": (time.perf_counter() - t0) / calls, "rtt_s": rtt}
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        calls, trips = (a - b for a, b in zip(_trips(combiner, actor.key), before))
+        out[kind] = {"service_s": wall / (per_thread * in_flight), "rtt_s": rtt,
+                     "calls_per_trip": calls / trips if trips else None}
     return out
 
 
-def _math_only(size: int, aggregation, repeats: int) -> dict:
+def _trips(combiner, key: str) -> tuple[int, int]:
+    """Calls and trips of this process's combiners of calls to the actor ``key``."""
+    mine = [c for (k, _, _), c in combiner._registry.items() if k == key]
+    return sum(c.calls for c in mine), sum(c.trips for c in mine)
+
+
+def _math_only(size: int, aggregation, repeats: int, local: bool) -> dict:
     """Seconds of each call's method alone, called in this process (no Dask)."""
     from dask_rl.runtime.parameter_actor import ParameterActor
 
     actor = ParameterActor(np.zeros(size, np.float32), aggregation, learners=64)
-    delta, opt = _payload(size, 0)
+    delta, opt = _payload(size, 0, local)
     actor.push(delta, 0, "prime", opt_state=opt)
-    calls = {"pull": lambda i: actor.pull_learner(f"L{i % 64}"),
+    calls = {"pull": lambda i: actor.pull_learner(f"L{i % 64}", opt_state=not local),
              "push": lambda i: actor.push(delta, 0, f"L{i % 64}", opt_state=opt),
              "rollout_pull": lambda i: actor.pull(newer_than=-1)}
     out = {}
@@ -474,14 +517,14 @@ def _math_only(size: int, aggregation, repeats: int) -> dict:
 
 # ---- part 3: real learners -------------------------------------------------------------------
 def _learner_loop(actor, learner_id: str, seq0: int, size: int, compute_s: float,
-                  start_at: float, stop_at: float) -> list[tuple]:
+                  start_at: float, stop_at: float, local: bool) -> list[tuple]:
     """One learner: pull, sleep ``compute_s``, push, until ``stop_at`` (wall clock)."""
-    delta, opt = _payload(size, seq0)
+    delta, opt = _payload(size, seq0, local)
     time.sleep(max(0.0, start_at - time.time()))
     rows, seq = [], seq0
     while time.time() < stop_at:
         t0 = time.time()
-        snapshot = actor.call("pull_learner", learner_id)
+        snapshot = actor.call("pull_learner", learner_id, opt_state=not local)
         t1 = time.time()
         if snapshot is None:  # not admitted (SSP only); the benchmark's async admits all
             continue
@@ -494,26 +537,26 @@ def _learner_loop(actor, learner_id: str, seq0: int, size: int, compute_s: float
     return rows
 
 
-def _new_actor(client, worker: str, size: int, aggregation, learners: int):
+def _new_actor(client, worker: str, size: int, aggregation, learners: int, path: str):
     from dask_rl.runtime.handle import ActorHandle
     from dask_rl.runtime.parameter_actor import ParameterActor
 
     future = client.submit(ParameterActor, np.zeros(size, np.float32), aggregation,
                            learners=learners, actor=True, pure=False, workers=[worker])
-    # the model is of a server of single calls: this measures them uncombined
-    return future, ActorHandle(future.result(), timeout=120.0, combine=False)
+    return future, ActorHandle(future.result(), timeout=120.0, combine=PATHS[path][0])
 
 
 def measure_real_learners(client, actor_worker: str, learner_worker: str, *, n: int,
                           size: int, aggregation, compute_s: float, warmup_s: float,
-                          window_s: float) -> dict:
+                          window_s: float, path: str) -> dict:
     """N learner loops against a fresh actor; pushes/s, latencies and staleness in the window
     after the warm-up."""
-    future, actor = _new_actor(client, actor_worker, size, aggregation, n)
+    future, actor = _new_actor(client, actor_worker, size, aggregation, n, path)
     start_at = time.time() + 1.5 + 0.02 * n  # every task is running by then
     stop_at = start_at + warmup_s + window_s
     loops = [client.submit(_learner_loop, actor, f"L{i}", i * 10**7, size, compute_s,
-                           start_at, stop_at, pure=False, workers=[learner_worker])
+                           start_at, stop_at, PATHS[path][1], pure=False,
+                           workers=[learner_worker])
              for i in range(n)]
     results = client.gather(loops)
     client.cancel([future])
@@ -522,7 +565,8 @@ def measure_real_learners(client, actor_worker: str, learner_worker: str, *, n: 
     pulls = [r[1] - r[0] for rows in results for r in rows if begin <= r[1] <= stop_at]
     cycles = [r for rows in results for r in rows if begin <= r[3] <= stop_at]
     pushes = [r[3] - r[2] for r in cycles]
-    return {"learners": n, "pushes": len(cycles), "pushes_per_s": len(cycles) / window_s,
+    return {"learners": n, "path": path, "pushes": len(cycles),
+            "pushes_per_s": len(cycles) / window_s,
             "pull_latency_s": _mean(pulls), "push_latency_s": _mean(pushes),
             "staleness_mean": _mean([r[4] for r in cycles]),
             "compute_s_nominal": compute_s,
@@ -555,7 +599,8 @@ def compare(measured: dict, service: dict, baseline: dict, *, warmup_s: float,
              "push_wait_s": m["push_wait_mean"], "staleness_mean": m["arrival_staleness_mean"],
              "actor_busy_share": m["actor_busy_share"]}
     errors = {k: _rel(model[k], measured[k]) for k in model if k in measured}
-    return {"learners": measured["learners"], "measured": measured, "model": model,
+    return {"learners": measured["learners"], "path": measured["path"], "measured": measured,
+            "model": model,
             "relative_error": errors, "model_inputs": m["inputs"]}
 
 
@@ -578,41 +623,52 @@ def measure_learner_times(args: argparse.Namespace) -> dict:
 
 def measure_service(client, actor_worker: str, learner_worker: str, learner: dict,
                     args: argparse.Namespace) -> dict:
-    """Part 2: the actor's service times and round trips of both models, called from the
-    learners' worker."""
+    """Part 2: the actor's service times and round trips of both models on every path
+    (``{path: {model: ...}}``), called from the learners' worker."""
     from dask_rl.config import from_dict
 
-    service = {}
-    for key, lt in learner.items():
-        aggregation = from_dict(lt["config"]).aggregation
-        future, actor = _new_actor(client, actor_worker, lt["params"], aggregation, 64)
-        calls = args.calls if key == "mlp" else max(args.calls // 5, 10)
-        dask = client.submit(_service_task, actor, lt["params"], calls, args.in_flight,
-                             pure=False, workers=[learner_worker]).result()
-        client.cancel([future])
-        math = _math_only(lt["params"], aggregation, max(calls // 3, 5))
-        service[key] = {"model": lt["model"], "params": lt["params"], "calls": calls,
-                        "in_flight": args.in_flight, "aggregation": str(aggregation),
-                        **{k: {**dask[k], "math_s": math[k]} for k in KINDS}}
-        print(f"actor service time, {lt['model']}: "
-              + ", ".join(f"{k} {dask[k]['service_s'] * 1e3:.2f} ms (rtt "
-                          f"{dask[k]['rtt_s'] * 1e3:.2f}, math {math[k] * 1e3:.3f})"
-                          for k in KINDS), flush=True)
+    service: dict = {}
+    for path in args.paths:
+        service[path] = {}
+        local = PATHS[path][1]
+        for key, lt in learner.items():
+            aggregation = from_dict(lt["config"]).aggregation
+            future, actor = _new_actor(client, actor_worker, lt["params"], aggregation, 64,
+                                       path)
+            calls = args.calls if key == "mlp" else max(args.calls // 5, 2 * args.in_flight)
+            dask = client.submit(_service_task, actor, lt["params"], calls, args.in_flight,
+                                 local, pure=False, workers=[learner_worker]).result()
+            client.cancel([future])
+            math = _math_only(lt["params"], aggregation, max(calls // 3, 5), local)
+            service[path][key] = {"model": lt["model"], "params": lt["params"], "calls": calls,
+                                  "in_flight": args.in_flight, "aggregation": str(aggregation),
+                                  **{k: {**dask[k], "math_s": math[k]} for k in KINDS}}
+            print(f"actor service time, {path}, {lt['model']}: "
+                  + ", ".join(f"{k} {dask[k]['service_s'] * 1e3:.2f} ms (rtt "
+                              f"{dask[k]['rtt_s'] * 1e3:.2f}, math {math[k] * 1e3:.3f})"
+                              for k in KINDS), flush=True)
     return service
 
 
-def saturation(learner: dict, service: dict, rollout_pulls: int) -> list[dict]:
-    """The model's saturation point of one actor, per model (a prediction; part 3 checks it
-    for the MLP)."""
+def saturation(learner: dict, service: dict, rollout_pulls: int,
+               cluster_learners: int) -> list[dict]:
+    """The model's saturation point of one actor, per path and model (a prediction; part 3
+    checks it for the MLP), and the share of a cluster of ``cluster_learners`` learners that
+    one actor keeps busy."""
     rows = []
-    for key, lt in learner.items():
-        sv = service[key]
-        per_task = sv["pull"]["service_s"] + sv["push"]["service_s"] \
-            + rollout_pulls * sv["rollout_pull"]["service_s"]
-        cycle = lt["mean_s"] + sv["pull"]["rtt_s"] + sv["push"]["rtt_s"]
-        rows.append({"model": lt["model"], "params": lt["params"], "learner_s": lt["mean_s"],
-                     "actor_s_per_task": per_task, "rollout_pulls": rollout_pulls,
-                     "max_tasks_per_s": 1 / per_task, "learners_at_saturation": cycle / per_task})
+    for path, per_model in service.items():
+        for key, lt in learner.items():
+            sv = per_model[key]
+            per_task = sv["pull"]["service_s"] + sv["push"]["service_s"] \
+                + rollout_pulls * sv["rollout_pull"]["service_s"]
+            cycle = lt["mean_s"] + sv["pull"]["rtt_s"] + sv["push"]["rtt_s"]
+            n_star = cycle / per_task
+            rows.append({"path": path, "model": lt["model"], "params": lt["params"],
+                         "learner_s": lt["mean_s"], "actor_s_per_task": per_task,
+                         "rollout_pulls": rollout_pulls, "max_tasks_per_s": 1 / per_task,
+                         "learners_at_saturation": n_star,
+                         "cluster_learners": cluster_learners,
+                         "cluster_share_served": min(1.0, n_star / cluster_learners)})
     return rows
 
 
@@ -629,8 +685,15 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="learner.device of part 1")
     ap.add_argument("--calls", type=int,
                     help="actor calls per kind for the MLP, a fifth for the CNN (300; quick 30)")
-    ap.add_argument("--in-flight", type=int, default=8,
-                    help="calls outstanding when measuring a service time")
+    ap.add_argument("--in-flight", type=int, default=16,
+                    help="threads calling at once when measuring a service time (16: a "
+                         "combined trip's most calls)")
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
+                    help="how learners reach the actor, measured side by side in parts 2-3")
+    ap.add_argument("--sim-path", choices=list(PATHS), default="combined",
+                    help="whose service times part 4 uses (combined: training's default)")
+    ap.add_argument("--cluster-learners", type=int, default=1024,
+                    help="the cluster size the saturation table is stated for")
     ap.add_argument("--learners", type=int, nargs="+", default=[2, 4, 8, 16, 32],
                     help="real learners of part 3")
     ap.add_argument("--measure-s", type=float, default=20.0,
@@ -665,9 +728,16 @@ def main() -> int:
 
     from dask_rl.config import from_dict
 
+    if args.sim_path not in args.paths:
+        ap.error(f"--sim-path {args.sim_path} is not among --paths")
     if args.inputs:
         previous = json.loads(Path(args.inputs).read_text())
         learner, service = previous["learner_times"], previous["service_times"]
+        missing = [p for p in args.paths if p not in service]
+        if missing:
+            ap.error(f"{args.inputs} has no service times for {', '.join(missing)} (an "
+                     "older results file?): measure them again without --inputs")
+        service = {p: service[p] for p in args.paths}
         source = f"read from {args.inputs}"
         print(f"measured inputs {source}")
     else:
@@ -682,29 +752,32 @@ def main() -> int:
         actor_worker, learner_worker = sorted(client.scheduler_info()["workers"])
         if not service:
             service = measure_service(client, actor_worker, learner_worker, learner, args)
-        mlp = service["mlp"]
         aggregation = from_dict(learner["mlp"]["config"]).aggregation
         compute_s = args.compute_scale * learner["mlp"]["mean_s"]
-        baseline = None
         for n in [1] + [n for n in args.learners if n != 1]:  # N = 1 first: the calibration
-            measured = measure_real_learners(
-                client, actor_worker, learner_worker, n=n, size=mlp["params"],
-                aggregation=aggregation, compute_s=compute_s, warmup_s=args.warmup_s,
-                window_s=args.measure_s)
-            baseline = baseline or measured
-            row = compare(measured, mlp, baseline, warmup_s=args.warmup_s,
-                          window_s=args.measure_s, seed=args.seed)
-            comparison.append(row)
-            me, mo = row["measured"], row["model"]
-            print(f"N={n:3d} real learners: pushes/s {me['pushes_per_s']:7.1f} (model "
-                  f"{mo['pushes_per_s']:7.1f}), staleness {me['staleness_mean']:5.2f} (model "
-                  f"{mo['staleness_mean']:5.2f}), push wait {me['push_wait_s'] * 1e3:6.2f} ms "
-                  f"(model {mo['push_wait_s'] * 1e3:6.2f})", flush=True)
+            for path in args.paths:  # side by side at each N
+                mlp = service[path]["mlp"]
+                measured = measure_real_learners(
+                    client, actor_worker, learner_worker, n=n, size=mlp["params"],
+                    aggregation=aggregation, compute_s=compute_s, warmup_s=args.warmup_s,
+                    window_s=args.measure_s, path=path)
+                baseline = next((c["measured"] for c in comparison
+                                 if c["path"] == path and c["learners"] == 1), measured)
+                row = compare(measured, mlp, baseline, warmup_s=args.warmup_s,
+                              window_s=args.measure_s, seed=args.seed)
+                comparison.append(row)
+                me, mo = row["measured"], row["model"]
+                print(f"N={n:3d} real learners, {path:14s}: pushes/s "
+                      f"{me['pushes_per_s']:7.1f} (model {mo['pushes_per_s']:7.1f}), staleness "
+                      f"{me['staleness_mean']:5.2f} (model {mo['staleness_mean']:5.2f}), push "
+                      f"wait {me['push_wait_s'] * 1e3:6.2f} ms (model "
+                      f"{mo['push_wait_s'] * 1e3:6.2f})", flush=True)
 
     # part 4: simulated learners, in units of the simulated model's learner time
     unit = learner[args.sim_model]["mean_s"]
-    sim = service[args.sim_model]
-    sim_inputs = {"model": learner[args.sim_model]["model"], "time_unit_s": unit,
+    sim = service[args.sim_path][args.sim_model]
+    sim_inputs = {"model": learner[args.sim_model]["model"], "path": args.sim_path,
+                  "time_unit_s": unit,
                   "pull_s": sim["pull"]["service_s"] / unit,
                   "push_s": sim["push"]["service_s"] / unit,
                   "rollout_pull_s": sim["rollout_pull"]["service_s"] / unit,
@@ -731,7 +804,7 @@ def main() -> int:
                   f"dropped {r['dropped']:6d}, error {r['final_error']:.3g} "
                   f"({r['run_s']:.1f} s)", flush=True)
 
-    sat = saturation(learner, service, args.rollout_pulls)
+    sat = saturation(learner, service, args.rollout_pulls, args.cluster_learners)
     md = _markdown(learner, service, source, comparison, rows, sat, sim_inputs, args)
     print()
     print(md)
@@ -768,47 +841,60 @@ def _pct(x: float | None) -> str:
 def _markdown(learner: dict, service: dict, source: str, comparison: list, rows: list,
               sat: list, sim_inputs: dict, args: argparse.Namespace) -> str:
     lines = [f"Inputs ({source}): learner task time of one PPO update (1 torch thread) and the "
-             "parameter actor's service time per call through Dask actor calls (wall time per "
-             f"call with {args.in_flight} outstanding; rtt: one call at a time; math: the "
-             "method alone, in-process).", "",
-             "| model | params | learner s (mean) | CV | pull ms (rtt, math) | "
-             "push ms (rtt, math) | rollout pull ms (rtt, math) |", "|---|---|---|---|---|---|---|"]
-    for key, lt in learner.items():
-        sv = service[key]
-        cells = [f"{sv[k]['service_s'] * 1e3:.2f} ({sv[k]['rtt_s'] * 1e3:.2f}, "
-                 f"{sv[k]['math_s'] * 1e3:.3f})" for k in KINDS]
-        cv = "n/a" if lt.get("cv") is None else f"{lt['cv']:.2f}"
-        lines.append(f"| {lt['model']} | {lt['params']:,} | {lt['mean_s']:.3f} | {cv} | "
-                     + " | ".join(cells) + " |")
+             "parameter actor's service time per call through Dask actor calls, per path "
+             "(uncombined: one call per message, Adam moments with the actor, the path before "
+             "combining; combined: call combining, training's default; combined-local: and "
+             "learner.optimizer_state = local): wall time per call with "
+             f"{args.in_flight} threads calling at once; rtt: one call at a time; math: the "
+             "method alone, in-process.", "",
+             "| path | model | params | learner s (mean) | CV | pull ms (rtt, math) | "
+             "push ms (rtt, math) | rollout pull ms (rtt, math) | calls per trip |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for path, per_model in service.items():
+        for key, lt in learner.items():
+            sv = per_model[key]
+            cells = [f"{sv[k]['service_s'] * 1e3:.2f} ({sv[k]['rtt_s'] * 1e3:.2f}, "
+                     f"{sv[k]['math_s'] * 1e3:.3f})" for k in KINDS]
+            cv = "n/a" if lt.get("cv") is None else f"{lt['cv']:.2f}"
+            trips = " / ".join("—" if sv[k].get("calls_per_trip") is None
+                               else f"{sv[k]['calls_per_trip']:.1f}" for k in KINDS)
+            lines.append(f"| {path} | {lt['model']} | {lt['params']:,} | {lt['mean_s']:.3f} | "
+                         f"{cv} | " + " | ".join(cells) + f" | {trips} |")
     lines += ["", "One actor's saturation in the model (a prediction; the next table checks it "
               "for the MLP): actor seconds per learner task = pull + push + "
-              f"{args.rollout_pulls} rollout pull(s).", "",
-              "| model | actor ms per task | max learner tasks/s | learners at saturation |",
-              "|---|---|---|---|"]
-    for s in sat:
-        lines.append(f"| {s['model']} | {s['actor_s_per_task'] * 1e3:.2f} | "
-                     f"{s['max_tasks_per_s']:.0f} | {s['learners_at_saturation']:.0f} |")
+              f"{args.rollout_pulls} rollout pull(s); the last column is the share of a "
+              f"{args.cluster_learners:,}-learner cluster one actor keeps busy.", "",
+              "| path | model | actor ms per task | max learner tasks/s | learners at "
+              f"saturation | share of {args.cluster_learners:,} learners |",
+              "|---|---|---|---|---|---|"]
+    for r in sat:
+        lines.append(f"| {r['path']} | {r['model']} | {r['actor_s_per_task'] * 1e3:.2f} | "
+                     f"{r['max_tasks_per_s']:.0f} | {r['learners_at_saturation']:.0f} | "
+                     f"{r['cluster_share_served']:.1%} |")
     compute = args.compute_scale * learner["mlp"]["mean_s"]
     lines += ["", f"Real learners vs the model (MLP actor, {args.measure_s:g} s window after "
               f"{args.warmup_s:g} s warm-up; compute = sleep of {compute * 1e3:.1f} ms; wait = "
-              "mean latency - that at N = 1; error = (model - measured) / measured; N = 1 "
-              "calibrates the model's round trips, so it matches by construction):", "",
-              "| N | pushes/s measured | model | error | pull wait ms measured | model | "
+              "mean latency - that at N = 1 on the same path; error = (model - measured) / "
+              "measured; N = 1 calibrates the model's round trips, so it matches by "
+              "construction; the model serves one call at a time, which combining is not):", "",
+              "| N | path | pushes/s measured | model | error | pull wait ms measured | model | "
               "push wait ms measured | model | staleness measured | model | error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in comparison:
         me, mo, er = c["measured"], c["model"], c["relative_error"]
-        lines.append(f"| {c['learners']} | {me['pushes_per_s']:.1f} | {mo['pushes_per_s']:.1f} "
-                     f"| {_pct(er['pushes_per_s'])} | {me['pull_wait_s'] * 1e3:.2f} | "
-                     f"{mo['pull_wait_s'] * 1e3:.2f} | {me['push_wait_s'] * 1e3:.2f} | "
-                     f"{mo['push_wait_s'] * 1e3:.2f} | {me['staleness_mean']:.2f} | "
-                     f"{mo['staleness_mean']:.2f} | {_pct(er['staleness_mean'])} |")
+        lines.append(f"| {c['learners']} | {c['path']} | {me['pushes_per_s']:.1f} | "
+                     f"{mo['pushes_per_s']:.1f} | {_pct(er['pushes_per_s'])} | "
+                     f"{me['pull_wait_s'] * 1e3:.2f} | {mo['pull_wait_s'] * 1e3:.2f} | "
+                     f"{me['push_wait_s'] * 1e3:.2f} | {mo['push_wait_s'] * 1e3:.2f} | "
+                     f"{me['staleness_mean']:.2f} | {mo['staleness_mean']:.2f} | "
+                     f"{_pct(er['staleness_mean'])} |")
     lines += ["", f"Simulated learners on a noisy quadratic (not measured runs): time in units "
               f"of the {sim_inputs['model']}'s measured learner time "
               f"({sim_inputs['time_unit_s']:.3f} s); actor service per pull / push / rollout "
               f"pull {sim_inputs['pull_s']:.2e} / {sim_inputs['push_s']:.2e} / "
-              f"{sim_inputs['rollout_pull_s']:.2e} units (measured); learner times log-normal, "
-              f"sigma {args.sigma:g} (assumed); horizon {args.horizon:g}.", "",
+              f"{sim_inputs['rollout_pull_s']:.2e} units (measured, path "
+              f"{sim_inputs['path']}); learner times log-normal, sigma {args.sigma:g} "
+              f"(assumed); horizon {args.horizon:g}.", "",
               "| learners | strategy | mean staleness | p99 | updates / unit | dropped | "
               "pull wait (units) | push wait (units) | final error (rel.) |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -827,11 +913,13 @@ def _plot(rows: list[dict], comparison: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (c, a, b) = plt.subplots(1, 3, figsize=(17, 4))
-    ns = [r["learners"] for r in comparison]
-    c.plot(ns, [r["measured"]["pushes_per_s"] for r in comparison], marker="o",
-           label="measured")
-    c.plot(ns, [r["model"]["pushes_per_s"] for r in comparison], marker="x", ls="--",
-           label="model")
+    for route in dict.fromkeys(r["path"] for r in comparison):
+        mine = [r for r in comparison if r["path"] == route]
+        ns = [r["learners"] for r in mine]
+        line, = c.plot(ns, [r["measured"]["pushes_per_s"] for r in mine], marker="o",
+                       label=f"{route}: measured")
+        c.plot(ns, [r["model"]["pushes_per_s"] for r in mine], marker="x", ls="--",
+               color=line.get_color(), label=f"{route}: model")
     c.set_xscale("log", base=2)
     c.set_xlabel("real learners (MLP actor)")
     c.set_title("pushes/s: measured vs model")

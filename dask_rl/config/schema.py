@@ -151,6 +151,11 @@ class LearnerConfig:
     minibatches: int = option(4, "minibatches per pass", ge=1)
     max_grad_norm: float = option(0.5, "clip the global gradient norm (0: off)", ge=0)
     adam_eps: float = option(1e-5, "Adam epsilon", gt=0)
+    optimizer_state: str = option(
+        "shared", "where the learners' Adam moments live: 'shared' (kept by the parameter "
+        "actor, averaged over each update's gradients; every learner pull and push carries "
+        "them, 3x the parameters' bytes) or 'local' (each learner thread keeps its own across "
+        "its tasks; pulls and pushes carry the parameters only)", choices=("shared", "local"))
     is_truncation: bool = option(False, "global importance-sampling truncation across the "
                                         "learners active at the same time (Stellaris)")
     is_rho: float = option(1.0, "cap rho of the truncated ratio", gt=0)

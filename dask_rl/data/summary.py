@@ -69,6 +69,8 @@ class LearnerSummary(TrainerSummary):
     trajectory_bytes: int
     learner_time_share: float
     rollout_time_share: float
+    rollout_pulls: int           # rollout slots' pulls asked of the actor (event triggers) ...
+    rollout_loads: int           # ... and those answered with parameters
 
 
 @dataclass

@@ -8,11 +8,17 @@ size alpha0. One push per batch
 keeps learner tasks coarse, as on a cluster they must be (cf. local SGD and FedAsync, whose
 polynomial staleness weights Stellaris' alpha0 / delta^(1/v) resembles).
 
-The learners' Adam moments are part of the parameter actor's state: a learner starts from the
-moments of the version it pulled and returns its own, which the actor averages over the
-gradients of each update. A fresh Adam per batch measurably slows PPO (CartPole: ~280k steps
-to solve instead of ~170k), and with one learner, the ``sync`` strategy and alpha0 = 1 this
-makes the distributed run exactly single-process PPO.
+The learners' Adam moments are, by default (``learner.optimizer_state = shared``), part of the
+parameter actor's state: a learner starts from the moments of the version it pulled and returns
+its own, which the actor averages over the gradients of each update. A fresh Adam per batch
+measurably slows PPO (CartPole: ~280k steps to solve instead of ~170k), and with one learner,
+the ``sync`` strategy and alpha0 = 1 this makes the distributed run exactly single-process PPO.
+The price is bytes: every learner pull and push carries two more vectors of the parameters'
+size. With ``local``, each learner thread keeps its own moments from one task to the next
+(estimated from its own gradients only, and not checkpointed: a new thread or a resumed run
+starts them from zero, which Adam's bias correction is built for; a rollback to a checkpoint
+or PBT's exploit leaves them as they are: they describe the gradients' scale, not the
+parameters), and pulls and pushes carry the parameters alone.
 """
 
 from __future__ import annotations
@@ -59,6 +65,29 @@ class Learner:
         self.flat, self.grad = flatten_(self.model)
         self._peer: torch.nn.Module | None = None  # evaluates other learners' policies
         self.clip_rewards = is_atari(cfg.env) and cfg.env.clip_rewards
+        self.local_opt_state: dict | None = None  # learner.optimizer_state = local
+
+    def _optimizer(self, snapshot: PolicySnapshot) -> Adam:
+        """Adam over the flat parameters, from the moments the snapshot carries (shared) or
+        from this learner's own (local)."""
+        optimizer = Adam(self.flat, eps=self.cfg.learner.adam_eps)
+        state = snapshot.opt_state if self.cfg.learner.optimizer_state == "shared" \
+            else self.local_opt_state
+        if state is not None:
+            optimizer.load_state_dict({k: torch.as_tensor(v).to(self.device)
+                                       if k != "t" else v for k, v in state.items()})
+        return optimizer
+
+    def _opt_state_out(self, optimizer: Adam, finite: bool) -> dict | None:
+        """The moments after an update: pushed to the actor (shared), or kept here (local;
+        an update that went non-finite keeps the moments from before it)."""
+        if self.cfg.learner.optimizer_state == "local":
+            if finite:
+                self.local_opt_state = {"m": optimizer.m.clone(), "v": optimizer.v.clone(),
+                                        "t": optimizer.t}
+            return None
+        return {"m": optimizer.m.cpu().numpy().copy(), "v": optimizer.v.cpu().numpy().copy(),
+                "t": optimizer.t}
 
     def rewards(self, traj: Trajectory, snapshot: PolicySnapshot) -> np.ndarray:
         """The rewards the loss sees: sign-clipped (Atari) or scaled by the running std of
@@ -100,10 +129,7 @@ class Learner:
                                                  snapshot.moments))
         load_snapshot(model, snapshot)
         model.train()
-        optimizer = Adam(flat, eps=lcfg.adam_eps)
-        if snapshot.opt_state is not None:
-            optimizer.load_state_dict({k: torch.as_tensor(v).to(self.device)
-                                       if k != "t" else v for k, v in snapshot.opt_state.items()})
+        optimizer = self._optimizer(snapshot)
         # the rows arrive grouped by the worker and trajectory they were cut from: shuffled,
         # each gradient step's batch is a uniform sample of the buffer, not of one trajectory
         order = torch.randperm(len(transitions),
@@ -132,9 +158,9 @@ class Learner:
                       "learner/samples": len(transitions), "learner/lr": lr,
                       "learner/batch": batch_size,
                       "learner/time_s": time.perf_counter() - t0,
-                      "learner/update_norm": float(np.linalg.norm(delta))})
-        opt_state = {"m": optimizer.m.cpu().numpy().copy(), "v": optimizer.v.cpu().numpy().copy(),
-                     "t": optimizer.t}
+                      "learner/update_norm": float(np.linalg.norm(delta)),
+                      "learner/adam_steps": int(optimizer.t)})
+        opt_state = self._opt_state_out(optimizer, finite)
         return LearnerUpdate(delta=delta.astype(np.float32, copy=False),
                              version=snapshot.version, stats=stats, opt_state=opt_state)
 
@@ -164,10 +190,7 @@ class Learner:
         batch = algorithm.prepare(traj, model, device=self.device,
                                   rewards=self.rewards(traj, snapshot), target_logp=target_logp)
         model.train()
-        optimizer = Adam(flat, eps=lcfg.adam_eps)
-        if snapshot.opt_state is not None:
-            optimizer.load_state_dict({k: torch.as_tensor(v).to(self.device)
-                                       if k != "t" else v for k, v in snapshot.opt_state.items()})
+        optimizer = self._optimizer(snapshot)
         generator = torch.Generator().manual_seed(seed)
         size = len(batch)
         mb_size = size // lcfg.minibatches
@@ -208,10 +231,10 @@ class Learner:
         stats["learner/samples"] = size
         stats["learner/time_s"] = time.perf_counter() - t0
         stats["learner/update_norm"] = float(np.linalg.norm(delta))
+        stats["learner/adam_steps"] = int(optimizer.t)  # the moments' age, counted in steps
         if exchange is not None:
             stats.update(cross.record())
-        opt_state = {"m": optimizer.m.cpu().numpy().copy(), "v": optimizer.v.cpu().numpy().copy(),
-                     "t": optimizer.t}
+        opt_state = self._opt_state_out(optimizer, finite)
         return LearnerUpdate(delta=delta.astype(np.float32, copy=False),
                              version=snapshot.version, stats=stats, opt_state=opt_state)
 

@@ -661,6 +661,7 @@ class Driver(Trainer):
         self._discarded(self.policy.discard_all())
         final = self.final_evaluation(self._evaluate_now)
         fields = self.trainer_summary(final)
+        pulls = self.actor_call("metrics")
         busy = max(fields["wall_s"] * fields["worker_threads"], 1e-9)
         a = self.accounting
         summary = LearnerSummary(
@@ -671,5 +672,7 @@ class Driver(Trainer):
             dropped_trajectories=a.dropped_trajectories,
             cancelled_rollouts=a.cancelled_rollouts, trajectory_bytes=a.trajectory_bytes,
             learner_time_share=a.learner_busy_s / busy,
-            rollout_time_share=a.rollout_busy_s / busy)
+            rollout_time_share=a.rollout_busy_s / busy,
+            rollout_pulls=pulls["actor/rollout_pulls"],
+            rollout_loads=pulls["actor/rollout_loads"])
         return self.end(summary)

@@ -121,6 +121,8 @@ class ParameterActor:
         self.weight_sum = 0.0  # of the applied gradients' weights: the effective step's measure
         self.pulls_sent = 0     # pulls answered with parameters
         self.pulls_unchanged = 0  # pulls answered with nothing (not moved, or not enough)
+        self.rollout_pulls = 0    # of all pulls, those of rollout slots ...
+        self.rollout_loads = 0    # ... and those of them answered with parameters
         self.pushes = 0
         self.started = time.time()
         self._remember(self.current)
@@ -128,16 +130,21 @@ class ParameterActor:
     # ---- calls from tasks --------------------------------------------------------------------
     @_locked
     def pull(self, newer_than: int = -1, learner_id: str | None = None,
-             learner_state: bool = False, min_versions: int = 1) -> PolicySnapshot | None:
+             learner_state: bool = False, min_versions: int = 1,
+             opt_state: bool = True, slot: int | None = None) -> PolicySnapshot | None:
         """The current snapshot, or ``None`` if the caller already holds ``newer_than`` or a
         version fewer than ``min_versions`` behind the current one (TianJi's event-triggered
         pull: the parameters move only when they moved enough).
 
         A learner passes its id: it is then active (a sync barrier waits for it) until it pushes
         or is reported lost. ``learner_state`` adds what only learners need: the learners' Adam
-        moments and the target network.
+        moments (unless ``opt_state`` is False: learners that keep their own) and the target
+        network. A rollout slot passes its number: its pulls are counted apart (what
+        event-triggered pulls cost: calls asked, parameters sent).
         """
         cur = self.current
+        if slot is not None:
+            self.rollout_pulls += 1
         if learner_id is not None:
             self.strategy.on_learner_started(learner_id, cur.version)
             self.learning[learner_id] = cur.version
@@ -146,19 +153,22 @@ class ParameterActor:
             self.pulls_unchanged += 1
             return None
         self.pulls_sent += 1
+        if slot is not None:
+            self.rollout_loads += 1
         if learner_state:
-            return PolicySnapshot(cur.version, cur.params, cur.moments, self.opt_state,
-                                  self.target)
+            return PolicySnapshot(cur.version, cur.params, cur.moments,
+                                  self.opt_state if opt_state else None, self.target)
         return cur
 
     @_locked
-    def pull_learner(self, learner_id: str) -> PolicySnapshot | None:
+    def pull_learner(self, learner_id: str, opt_state: bool = True) -> PolicySnapshot | None:
         """All a learner task needs, in one call: the current version with the learners'
-        optimizer state and target network — or ``None`` while the strategy does not admit a
-        new learner yet (SSP's read gate); the task asks again."""
+        optimizer state (``opt_state``: ``learner.optimizer_state = shared``) and target
+        network — or ``None`` while the strategy does not admit a new learner yet (SSP's read
+        gate); the task asks again."""
         if not self.strategy.admit(learner_id):
             return None
-        return self.pull(learner_id=learner_id, learner_state=True)
+        return self.pull(learner_id=learner_id, learner_state=True, opt_state=opt_state)
 
     @_locked
     def call_many(self, method: str, calls: list[tuple[tuple, dict]]) -> TripAnswers:
@@ -322,7 +332,9 @@ class ParameterActor:
                   "pushes/distinct": len(self.seen),
                   "learners/exchange_skipped": self.exchange_skipped,
                   "gradients/weight_sum": self.weight_sum, "actor/pulls_sent": self.pulls_sent,
-                  "actor/pulls_unchanged": self.pulls_unchanged})
+                  "actor/pulls_unchanged": self.pulls_unchanged,
+                  "actor/rollout_pulls": self.rollout_pulls,
+                  "actor/rollout_loads": self.rollout_loads})
         return m
 
     # ---- checkpoint state --------------------------------------------------------------------
@@ -337,6 +349,7 @@ class ParameterActor:
                 "strategy": self.strategy.state_dict(), "rejected": self.rejected,
                 "refused": self.refused, "weight_sum": self.weight_sum,
                 "pulls_sent": self.pulls_sent, "pulls_unchanged": self.pulls_unchanged,
+                "rollout_pulls": self.rollout_pulls, "rollout_loads": self.rollout_loads,
                 "seen": np.fromiter(sorted(self.seen), np.int64, len(self.seen))}
 
     @_locked
@@ -352,6 +365,8 @@ class ParameterActor:
         self.weight_sum = float(state.get("weight_sum", 0.0))
         self.pulls_sent = int(state.get("pulls_sent", 0))
         self.pulls_unchanged = int(state.get("pulls_unchanged", 0))
+        self.rollout_pulls = int(state.get("rollout_pulls", 0))
+        self.rollout_loads = int(state.get("rollout_loads", 0))
         self.seen = {int(s) for s in np.asarray(state.get("seen", ()), np.int64)}
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
                                       state.get("moments"))

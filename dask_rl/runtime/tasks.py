@@ -45,7 +45,8 @@ def rollout_task(run: str, slot: int, actor: Any, epsilon: float | None = None) 
     # came from this very actor.
     held = collector.version if collector.source == actor.key else -1
     if held < 0 or collector.rollouts_since_pull + 1 >= rollout.pull_every:
-        snapshot = actor.call("pull", newer_than=held, min_versions=rollout.pull_min_versions)
+        snapshot = actor.call("pull", newer_than=held, min_versions=rollout.pull_min_versions,
+                              slot=slot)
         collector.rollouts_since_pull = 0
         if snapshot is not None:
             collector.load(snapshot, source=actor.key)
@@ -91,7 +92,7 @@ def replay_learner_task(run: str, samples: list[Transitions], actor: Any, learne
     t0 = time.perf_counter()
     state = run_state(run)
     learner = state.learner()
-    snapshot = _admitted_pull(actor, learner_id, state.cfg.checkpoint.actor_timeout_s)
+    snapshot = _admitted_pull(actor, learner_id, state.cfg)
     t_pulled = time.perf_counter()
     batch = T.concat(samples)
     update = learner.update_transitions(snapshot, batch, lr=lr, batch_size=batch_size,
@@ -123,7 +124,7 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     t0 = time.perf_counter()
     state = run_state(run)
     learner = state.learner()
-    snapshot = _admitted_pull(actor, learner_id, state.cfg.checkpoint.actor_timeout_s)
+    snapshot = _admitted_pull(actor, learner_id, state.cfg)
     t_pulled = time.perf_counter()
     exchange = None
     if state.cfg.learner.is_truncation:
@@ -150,12 +151,15 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
         worker=state.worker.address, stats=update.stats)
 
 
-def _admitted_pull(actor: Any, learner_id: str, timeout: float):
-    """Pull as a learner, waiting while the strategy does not admit one yet (SSP)."""
+def _admitted_pull(actor: Any, learner_id: str, cfg: Any):
+    """Pull as a learner, waiting while the strategy does not admit one yet (SSP); the Adam
+    moments come along only if the actor keeps them (``learner.optimizer_state``)."""
+    timeout = cfg.checkpoint.actor_timeout_s
+    shared = cfg.learner.optimizer_state == "shared"
     deadline = time.monotonic() + timeout
     delay = 0.002
     while True:
-        snapshot = actor.call("pull_learner", learner_id)
+        snapshot = actor.call("pull_learner", learner_id, opt_state=shared)
         if snapshot is not None:
             return snapshot
         if time.monotonic() > deadline:

@@ -54,26 +54,33 @@ def test_a_buffer_too_small_for_the_batch_is_grown_then_the_batch_shrinks(local_
         assert r["learner/lr"] == pytest.approx(set_by[r["learner"]]["lr"])
 
 
-def _rollout_pulls(local_client, pipelines, run, pull_every):
+def _rollout_pulls(local_client, pipelines, run, pull_every, min_versions=1):
     result = dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client, run_dir=run,
                            overrides=[f"rollout.pull_every={pull_every}",
+                                      f"rollout.pull_min_versions={min_versions}",
                                       "stop.env_steps=30000", "stop.solve_on_target=false",
                                       "stop.eval_every_updates=0", "checkpoint.every_s=0"])
-    rounds = _records(run, "round")
     lag = [r["policy_lag"] for r in _records(run, "learner")]
-    asked = rounds[-1]["actor/pulls_sent"] + rounds[-1]["actor/pulls_unchanged"]
-    return asked, sum(lag) / len(lag), result.summary
+    return result.summary, sum(lag) / len(lag)
 
 
 def test_event_triggered_pulls_ask_less_often_and_act_with_older_policies(local_client,
                                                                           pipelines, tmp_path):
-    asked_1, lag_1, s1 = _rollout_pulls(local_client, pipelines, tmp_path / "every", 1)
-    asked_4, lag_4, s4 = _rollout_pulls(local_client, pipelines, tmp_path / "fourth", 4)
-    learners_1, learners_4 = s1["gradients_applied"], s4["gradients_applied"]
-    # learners pull once each in both runs; rollouts every rollout, or every fourth
-    rollouts_1, rollouts_4 = asked_1 - learners_1, asked_4 - learners_4
-    assert rollouts_4 < 0.5 * rollouts_1, (rollouts_1, rollouts_4)
-    assert lag_4 > lag_1, (lag_1, lag_4)
+    s1, lag_1 = _rollout_pulls(local_client, pipelines, tmp_path / "every", 1)
+    s4, lag_4 = _rollout_pulls(local_client, pipelines, tmp_path / "fourth", 4)
+    s_m, lag_m = _rollout_pulls(local_client, pipelines, tmp_path / "moved4", 1, 4)
+    # every rollout asks (a rollout cancelled at the end may have asked too), or every fourth
+    # (and the first of each slot's environments on each worker: Dask may move a slot)
+    rollouts_1, rollouts_4 = s1["trajectories_produced"], s4["trajectories_produced"]
+    assert rollouts_1 <= s1["rollout_pulls"] <= rollouts_1 + s1["cancelled_rollouts"]
+    collectors = s4["rollout_slots"] * len(local_client.scheduler_info()["workers"])
+    assert s4["rollout_pulls"] <= (rollouts_4 + s4["cancelled_rollouts"]) / 4 + collectors, s4
+    # asked every rollout, parameters only once the version moved by 4: a smaller share of
+    # the asks brings parameters than when every move counts
+    assert s_m["rollout_pulls"] >= s_m["trajectories_produced"]
+    assert (s_m["rollout_loads"] / s_m["rollout_pulls"]
+            < s1["rollout_loads"] / s1["rollout_pulls"]), (s1, s_m)
+    assert lag_4 > lag_1 and lag_m > lag_1, (lag_1, lag_4, lag_m)
 
 
 def test_dqn_learns_cartpole_on_the_replay_path(local_client, pipelines, tmp_path):

@@ -86,6 +86,33 @@ def test_solved_means_solved_over_five_seeds_on_a_users_cluster(local_client, pi
     assert len(local_client.scheduler_info()["workers"]) == 2
 
 
+@pytest.mark.slow
+def test_learners_keeping_their_own_moments_carry_them_from_task_to_task(local_client,
+                                                                        pipelines, tmp_path):
+    """learner.optimizer_state = local: each learner thread's Adam counts on from one task to
+    the next (a fresh Adam per task would count the same steps every time), the moments
+    never reach the parameter actor (its checkpoint holds none), and the main job learns."""
+    from dask_rl.checkpoint import CheckpointStore
+
+    run_dir = tmp_path / "run"
+    result = dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client,
+                           run_dir=run_dir, overrides=["learner.optimizer_state=local",
+                                                       "stop.env_steps=100000"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    per_task = 4 * 4  # epochs x minibatches of ppo_cartpole.yaml
+    by_worker: dict[str, list[int]] = {}
+    for r in records:
+        if r["kind"] == "learner" and r["learner/finite"]:
+            by_worker.setdefault(r["worker"], []).append(r["learner/adam_steps"])
+    assert by_worker
+    for steps in by_worker.values():  # one learner thread per worker: 16, 32, 48, ...
+        assert all(s % per_task == 0 for s in steps), steps
+        assert len(set(steps)) == len(steps) and max(steps) > per_task, steps
+    state, _ = CheckpointStore(run_dir / "checkpoints").load()
+    assert state["actor"]["learner_opt"] is None and state["actor"]["version"] > 0
+    assert result.summary["best_return"] >= 300, result.summary
+
+
 def test_bad_input_exits_2_before_a_cluster_starts(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("learner:\n  max_learners: 0\n")

@@ -33,6 +33,19 @@ def test_nan_and_wrong_shape_gradients_are_rejected_and_never_applied():
     assert a.push(np.ones(3, np.float32), 0, "L4").status == "applied"
 
 
+def test_learners_that_keep_their_own_moments_pull_and_push_none():
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig(alpha0=1.0))
+    a.pull(learner_id="A", learner_state=True)
+    sa = {"m": np.array([1, 1], np.float32), "v": np.array([2, 2], np.float32), "t": 4}
+    a.push(np.array([1, 0], np.float32), 0, "A", opt_state=sa)
+    assert a.pull_learner("B").opt_state["t"] == 4          # shared: the moments travel
+    snap = a.pull_learner("C", opt_state=False)             # local: they stay behind
+    assert snap.opt_state is None and snap.version == 1
+    np.testing.assert_allclose(snap.params, [-1, 0])
+    assert a.push(np.array([0, 1], np.float32), 1, "C").status == "applied"
+    assert a.opt_state["t"] == 4  # a push without moments leaves the actor's as they were
+
+
 def test_sync_averages_and_learner_optimizer_state_is_averaged():
     a = ParameterActor(np.zeros(2, np.float32), SyncConfig(alpha0=1.0))
     a.pull(learner_id="A", learner_state=True)
@@ -183,6 +196,15 @@ def test_an_event_triggered_pull_moves_parameters_only_when_they_moved_enough():
     assert a.pull(newer_than=3) is None                          # the default: unchanged
     assert a.pull(newer_than=-1, min_versions=10).version == 3   # holds nothing: always
     assert a.pull(newer_than=7, min_versions=10).version == 3    # behind the caller: always
+    # a rollout slot's pulls are counted apart: asked, and answered with parameters
+    assert a.metrics()["actor/rollout_pulls"] == 0
+    assert a.pull(newer_than=1, min_versions=3, slot=0) is None
+    assert a.pull(newer_than=0, min_versions=3, slot=1).version == 3
+    m = a.metrics()
+    assert (m["actor/rollout_pulls"], m["actor/rollout_loads"]) == (2, 1)
+    restored = ParameterActor(np.zeros(2, np.float32), AsyncConfig())
+    restored.load_state_dict(a.state_dict())
+    assert restored.metrics()["actor/rollout_pulls"] == 2
 
 
 def test_tianji_step_is_the_one_applied_to_the_parameters():

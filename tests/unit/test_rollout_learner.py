@@ -73,6 +73,34 @@ def test_learner_update_improves_the_surrogate_and_carries_adam_state():
     assert not np.allclose(warm.delta, res.delta)
 
 
+def test_local_optimizer_state_stays_with_the_learner_and_continues_its_moments():
+    """learner.optimizer_state = local: the update pushes no moments, and the learner's next
+    update continues from its own, exactly as a shared-state learner handed those moments."""
+    local_cfg, spaces, snap = _setup(learner={"optimizer_state": "local"})
+    rw = Collector(local_cfg, seed=0)
+    rw.load(snap)
+    traj = rw.collect(128)
+    local = Learner(local_cfg, *spaces, device="cpu")
+    shared = Learner(from_dict({}), *spaces, device="cpu")
+    # the actor hands moments anyway (a shared-state actor): a local learner ignores them
+    stray = {"m": np.ones_like(snap.params), "v": np.ones_like(snap.params), "t": 7}
+    first = local.update(PolicySnapshot(0, snap.params, opt_state=stray), traj, lr=3e-4, seed=0)
+    assert first.opt_state is None
+    ref_first = shared.update(snap, traj, lr=3e-4, seed=0)
+    np.testing.assert_allclose(first.delta, ref_first.delta, rtol=1e-5, atol=1e-7)
+    steps = local_cfg.learner.epochs * local_cfg.learner.minibatches
+    assert local.local_opt_state["t"] == steps
+    # the second update starts from the first's moments: t counts on, and the delta is the
+    # one a shared learner computes when handed those moments
+    second = local.update(PolicySnapshot(1, snap.params), traj, lr=3e-4, seed=1)
+    assert local.local_opt_state["t"] == 2 * steps
+    ref_second = shared.update(PolicySnapshot(1, snap.params, opt_state=ref_first.opt_state),
+                               traj, lr=3e-4, seed=1)
+    np.testing.assert_allclose(second.delta, ref_second.delta, rtol=1e-5, atol=1e-7)
+    fresh = shared.update(PolicySnapshot(1, snap.params), traj, lr=3e-4, seed=1)
+    assert not np.allclose(second.delta, fresh.delta)
+
+
 def test_flat_buffers_collect_gradients_in_place():
     import torch
 
