@@ -483,9 +483,9 @@ def _service_task(actor, size: int, calls: int, in_flight: int, local: bool) -> 
         wall = time.perf_counter() - t0
         if errors:
             raise errors[0]
-        calls, trips = (a - b for a, b in zip(_trips(combiner, actor.key), before))
+        sent, trips = (a - b for a, b in zip(_trips(combiner, actor.key), before))
         out[kind] = {"service_s": wall / (per_thread * in_flight), "rtt_s": rtt,
-                     "calls_per_trip": calls / trips if trips else None}
+                     "calls_per_trip": sent / trips if trips else None}
     return out
 
 
