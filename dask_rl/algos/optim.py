@@ -31,6 +31,14 @@ class SGD:
             grad = self.velocity
         params -= lr * grad
 
+    def stepped(self, params: Any, grad: Any, lr: float) -> Any:
+        """``params`` after one :meth:`step`, as a new array (``params`` is left as it was):
+        without momentum one pass fewer than a copy stepped in place, the same numbers."""
+        if self.velocity is not None:
+            return _stepped_copy(self, params, grad, lr)
+        self.t += 1
+        return params - lr * grad
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"t": self.t}
         if self.velocity is not None:
@@ -66,6 +74,10 @@ class Adam:
         denom = self.v ** 0.5 / bias2 ** 0.5 + self.eps
         params -= (lr / bias1) * self.m / denom
 
+    def stepped(self, params: Any, grad: Any, lr: float) -> Any:
+        """``params`` after one :meth:`step`, as a new array (``params`` is left as it was)."""
+        return _stepped_copy(self, params, grad, lr)
+
     def state_dict(self) -> dict[str, Any]:
         return {"t": self.t, "m": self.m, "v": self.v}
 
@@ -73,6 +85,12 @@ class Adam:
         self.t = int(state["t"])
         self.m[:] = state["m"]
         self.v[:] = state["v"]
+
+
+def _stepped_copy(optimizer: SGD | Adam, params: Any, grad: Any, lr: float) -> Any:
+    out = params.copy()
+    optimizer.step(out, grad, lr)
+    return out
 
 
 def make_optimizer(name: str, like: Any, **kwargs: Any) -> SGD | Adam:

@@ -391,17 +391,23 @@ class ParameterActor:
                 self._apply(decision)
 
     def _apply(self, decision: Decision) -> None:
+        """``theta -= alpha0 * sum_j w_j g_j`` into a new array (published snapshots never
+        change). The sum is formed in the decision's order; a lone gradient of weight 1 (every
+        push under async) is used as it is: for a large model the update's passes over memory
+        are the actor's own cost, so none is spent on a sum of one term."""
         cur = self.current
-        g = np.zeros_like(cur.params)
+        g = None
         states = []
         for gid, weight in decision.apply:
             grad, opt_state = self.gradients.pop(gid)
-            g += np.float32(weight) * grad
+            term = grad if weight == 1 else np.float32(weight) * grad
+            g = term if g is None else g + term  # never in place: grad may be a caller's array
             self.weight_sum += float(weight)
             if opt_state is not None:
                 states.append(opt_state)
-        params = cur.params.copy()
-        self.optimizer.step(params, g, self.alpha0)
+        if g is None:
+            g = np.zeros_like(cur.params)
+        params = self.optimizer.stepped(cur.params, g, self.alpha0)
         if states:
             self.opt_state = _mean_opt_state(states)
         self.current = PolicySnapshot(cur.version + 1, params, cur.moments)

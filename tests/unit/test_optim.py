@@ -37,6 +37,24 @@ def test_sgd_and_momentum():
     assert x.dtype == np.float32
 
 
+@pytest.mark.parametrize("make", [lambda x: SGD(x), lambda x: SGD(x, momentum=0.9),
+                                  lambda x: Adam(x, eps=1e-5)], ids=["sgd", "momentum", "adam"])
+def test_a_stepped_copy_is_the_in_place_step_and_leaves_the_input(make):
+    rng = np.random.default_rng(1)
+    x0 = rng.normal(size=9).astype(np.float32)
+    grads = [rng.normal(size=9).astype(np.float32) for _ in range(3)]
+    in_place, fresh = make(np.zeros(9, np.float32)), make(np.zeros(9, np.float32))
+    x, y = x0.copy(), x0.copy()
+    for g in grads:
+        in_place.step(x, g, 0.3)
+        given, kept = y, y.copy()
+        y = fresh.stepped(given, g, 0.3)
+        assert y is not given
+        np.testing.assert_array_equal(given, kept)  # the input array is left as it was
+    np.testing.assert_array_equal(x, y)  # the same numbers, bit for bit
+    assert y.dtype == np.float32 and fresh.t == in_place.t == 3
+
+
 def test_state_roundtrip():
     x = np.zeros(4, np.float32)
     a = make_optimizer("adam", x)
