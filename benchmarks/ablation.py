@@ -52,8 +52,8 @@ truncated samples) and the commit it ran.
     python benchmarks/ablation.py staleness
     python benchmarks/ablation.py summary        # tables and plot from what has run
 
-Writes ``benchmarks/results/ablation.json`` (every run's effective config, the tuning choice,
-the tables) and ``ablation.{md,png}``.
+Writes ``benchmarks/results/ablation.json`` (the settings, the tuning choice, the tables; every
+run's effective config stays in ``ablation.runs.jsonl`` alone) and ``ablation.{md,png}``.
 """
 
 from __future__ import annotations
@@ -407,7 +407,8 @@ def write_results(args: argparse.Namespace, runs: dict[str, dict]) -> None:
         "report": summarise(report, ("env_id", "learners", "strategy")),
         "staleness_sweep": summarise(sweep, ("env_id", "learners", "strategy")),
         "degradation": degradation(sweep, min(args.sweep), max(args.sweep)),
-        "runs": sorted(runs.values(), key=lambda r: r["key"]),
+        # every run, its effective config and commit: one copy, in the runs file
+        "runs_file": out.with_suffix(".runs.jsonl").name, "runs": len(runs),
     }
     md = [markdown(result["report"], f"Report seeds 1-{args.seeds}, {args.learners} learners"),
           "", markdown(result["staleness_sweep"], f"Staleness sweep, seeds 1-{args.sweep_seeds}"),

@@ -192,8 +192,8 @@ def combined_counts(key: str) -> dict:
     """This worker's combiners of calls to the actor ``key``: calls made and trips sent."""
     from dask_rl.runtime import combiner
 
-    return {method: {"calls": c.calls, "trips": c.trips}
-            for (k, _, method), c in combiner._registry.items() if k == key}
+    return {method: {"calls": calls, "trips": trips}
+            for method, (calls, trips) in combiner.counts(key).items()}
 
 
 PATHS = {"uncombined": (False, False), "combined": (True, False),

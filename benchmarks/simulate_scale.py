@@ -491,8 +491,8 @@ def _service_task(actor, size: int, calls: int, in_flight: int, local: bool) -> 
 
 def _trips(combiner, key: str) -> tuple[int, int]:
     """Calls and trips of this process's combiners of calls to the actor ``key``."""
-    mine = [c for (k, _, _), c in combiner._registry.items() if k == key]
-    return sum(c.calls for c in mine), sum(c.trips for c in mine)
+    per_method = combiner.counts(key).values()
+    return sum(c for c, _ in per_method), sum(t for _, t in per_method)
 
 
 def _math_only(size: int, aggregation, repeats: int, local: bool) -> dict:

@@ -153,6 +153,13 @@ _registry: dict[tuple, Combiner] = {}
 _registry_lock = threading.Lock()
 
 
+def counts(key: str) -> dict[str, tuple[int, int]]:
+    """Calls made and trips sent by this process's combiners of calls to the actor ``key``,
+    per method (what benchmarks and tests read to see that calls shared trips)."""
+    with _registry_lock:
+        return {m: (c.calls, c.trips) for (k, _, m), c in _registry.items() if k == key}
+
+
 def combiner_for(key: str, incarnation: tuple, method: str,
                  make: Callable[[], Combiner]) -> Combiner:
     """This process's combiner of ``method`` calls to the actor ``key`` in its

@@ -660,8 +660,8 @@ class Driver(Trainer):
         self.checkpoint()
         self._discarded(self.policy.discard_all())
         final = self.final_evaluation(self._evaluate_now)
-        fields = self.trainer_summary(final)
         pulls = self.actor_call("metrics")
+        fields = self.trainer_summary(final, pulls)
         busy = max(fields["wall_s"] * fields["worker_threads"], 1e-9)
         a = self.accounting
         summary = LearnerSummary(

@@ -291,10 +291,12 @@ class Trainer(Run):
         return name
 
     # ---- the end -------------------------------------------------------------------------------
-    def trainer_summary(self, final: Evaluation) -> dict[str, Any]:
+    def trainer_summary(self, final: Evaluation,
+                        actor_metrics: dict | None = None) -> dict[str, Any]:
         """The fields of :class:`~dask_rl.data.summary.TrainerSummary` (the caller wrote the
-        final checkpoint)."""
-        actor_metrics = self.actor_call("metrics")
+        final checkpoint), from ``actor_metrics`` (the actor's final metrics, asked for if
+        not given)."""
+        actor_metrics = actor_metrics or self.actor_call("metrics")
         wall = self.elapsed()
         return {
             "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,

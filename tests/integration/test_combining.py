@@ -27,7 +27,7 @@ def _learner(actor, i: int, pushes: int, size: int, start_at: float) -> list[tup
 def _counts(key: str) -> dict:
     from dask_rl.runtime import combiner
 
-    return {m: (c.calls, c.trips) for (k, _, m), c in combiner._registry.items() if k == key}
+    return combiner.counts(key)
 
 
 def test_concurrent_pushes_share_trips_and_each_is_taken_once_with_its_own_staleness():
