@@ -90,14 +90,16 @@ def train(seed: int, env_steps: int, run_dir: Path) -> dict:
     wall = time.time() - t0
     if proc.returncode != 0:
         return {"seed": seed, "error": log.read_text()[-3000:], "wall_s": wall}
+    from dask_rl.data.metrics import read_metrics
+
     summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    config = next(r["config"] for r in records if r.get("kind") == "run" and "config" in r)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    config = next(r["config"] for r in records if r["kind"] == "run" and r["event"] == "start")
     evals = [{"env_steps": r["env_steps"], "mean_return": r["mean_return"],
               "episodes": r["episodes"], "purpose": r["purpose"]}
-             for r in records if r.get("kind") == "eval"]
+             for r in records if r["kind"] == "eval"]
     episodes = [(r["env_steps"], r["charts/episodic_return"]) for r in records
-                if r.get("kind") == "rollout" and r.get("charts/episodic_return") is not None]
+                if r["kind"] == "rollout" and r.get("charts/episodic_return") is not None]
     return {"seed": seed, "wall_s": wall, "config": config, "summary": summary,
             "screening": evals, "training_episodes": episodes}
 
