@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE))
 PIPELINE = ROOT / "pipelines" / "dqn_cartpole.yaml"
 
 from stats import bootstrap_ci  # noqa: E402
+from train_cli import train_command  # noqa: E402
 
 # candidates: overrides of the pipeline as shipped ("shipped": none)
 CANDIDATES: dict[str, list[str]] = {
@@ -58,10 +59,8 @@ def train(name: str, overrides: list[str], seed: int, budget: int | None) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         extra = [f"stop.env_steps={budget}"] if budget else []
-        cmd = [sys.executable, "-m", "dask_rl.cli", "train", str(PIPELINE), "--run-dir", str(run),
-               "--no-progress"]
-        for setting in ["cluster.dashboard=false", f"seed={seed}", *overrides, *extra]:
-            cmd += ["--set", setting]
+        cmd = train_command(PIPELINE, run,
+                            ["cluster.dashboard=false", f"seed={seed}", *overrides, *extra])
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         wall = time.time() - t0

@@ -41,6 +41,7 @@ PIPELINE = ROOT / "pipelines" / "dqn_pong.yaml"
 GAME_SEED = 2_000_000_000    # game seeds of this benchmark's own evaluations (training: < 1e6)
 
 from stats import mean_ci, welch  # noqa: E402
+from train_cli import train_command  # noqa: E402
 
 
 def play(env, act, games: int, seed: int) -> list[float]:
@@ -78,10 +79,8 @@ def greedy_games(run_dir: Path, games: int) -> tuple[list[float], int]:
 
 
 def train(seed: int, env_steps: int, run_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "dask_rl.cli", "train", str(PIPELINE), "--run-dir", str(run_dir),
-           "--no-progress"]
-    for setting in ["cluster.dashboard=false", f"seed={seed}", f"stop.env_steps={env_steps}"]:
-        cmd += ["--set", setting]
+    cmd = train_command(PIPELINE, run_dir, ["cluster.dashboard=false", f"seed={seed}",
+                                            f"stop.env_steps={env_steps}"])
     log = run_dir.parent / f"train-seed{seed}.log"
     t0 = time.time()
     with log.open("w") as f:

@@ -64,6 +64,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))  # this checkout's dask_rl, whatever is installed
 
 from stats import mean_ci, welch  # noqa: E402
+from train_cli import train_command  # noqa: E402
 
 PIPELINES = {"ppo": ROOT / "pipelines" / "ppo_cartpole.yaml",
              "dqn": ROOT / "pipelines" / "dqn_cartpole.yaml"}
@@ -88,10 +89,7 @@ def train(algo: str, trigger: str, seed: int, steps: int, eval_every: int) -> di
                 f"rollout.pull_every={every}", f"rollout.pull_min_versions={moved}"]
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "dask_rl.cli", "train", str(PIPELINES[algo]),
-               "--run-dir", str(run), "--no-progress"]
-        for s in settings:
-            cmd += ["--set", s]
+        cmd = train_command(PIPELINES[algo], run, settings)
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
