@@ -248,8 +248,8 @@ def summarise(rows: list[dict], group: tuple[str, ...]) -> list[dict]:
             entry[metric] = {"mean": m, "ci95": [lo, hi],
                              "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
                              "values": v}
-        for metric in ("updates", "env_steps", "staleness_mean", "step_per_gradient",
-                       "actor_apply_share", "gradients_dropped"):
+        for metric in ("updates", "gradients_applied", "env_steps", "staleness_mean",
+                       "step_per_gradient", "actor_apply_share", "gradients_dropped"):
             v = [r[metric] for r in mine if r[metric] is not None]
             entry[metric] = float(np.mean(v)) if v else None
         entry["alpha0"] = sorted({r["alpha0"] for r in mine})
