@@ -12,8 +12,8 @@ noise spreads over all of them. CartPole is left out of the ranking: every strat
 its 500 cap there.
 
 Three phases, each resumable (every finished run is appended to ``OUT.runs.jsonl`` at once,
-keyed by phase, env, strategy, alpha0, learners, seed and budget; a run already there is not
-redone, so a long study can span several sessions):
+keyed by phase, env, strategy, alpha0, learners, threads, seed and budget; a run already there
+is not redone, so a long study can span several sessions):
 
 ``tune``
     For each strategy, ``alpha0`` from ``--alphas`` (0.125 to 4) on the tuning seeds
@@ -33,10 +33,15 @@ redone, so a long study can span several sessions):
     Each strategy at its tuned ``alpha0`` on the report seeds (1..``--seeds``, default 8,
     none used in tuning) on every ``--envs``, ``--learners`` concurrent learners (default 4).
 ``staleness``
-    The same on the first of ``--envs`` at the other learner counts of ``--sweep`` (1, 2, 4,
-    8), seeds 1..``--sweep-seeds`` (default 4; the 4-learner row takes the report runs of
-    those seeds): how each strategy degrades as staleness grows, which is the paper's actual
-    claim. On 2 cores more learners do not add compute: each runs slower and staler.
+    The same on the first of ``--envs`` at every learner count of ``--sweep`` (1, 2, 4, 8),
+    seeds 1..``--sweep-seeds`` (default 4): how each strategy degrades as staleness grows,
+    which is the paper's actual claim. Every row runs ``--sweep-threads`` threads per worker
+    (default 4), so that the rows differ in the learner count alone: 8 learners in flight on
+    2 workers need 4 threads each (with fewer, learner tasks queue, and a queued learner
+    pulls when it starts, so it adds no staleness), and threads beyond the cores cost
+    throughput, which every row then pays alike. The tune and report phases run
+    ``--threads`` (default 2), so the sweep's 4-learner row is its own runs, not the
+    report's. On 2 cores more learners do not add compute: each runs slower and staler.
 
 Figures: the final greedy return and the area under the curve (the mean over the budget, on
 100 points of wall time, of the recent training return: higher means better sooner), each as
@@ -101,16 +106,16 @@ AUC_POINTS = 100
 
 
 def run_key(phase: str, env_id: str, strategy: str, alpha0: float, learners: int,
-            seed: int, budget_s: float) -> str:
-    return f"{phase}/{env_id}/{strategy}/a{alpha0:g}/L{learners}/s{seed}/b{budget_s:g}"
+            threads: int, seed: int, budget_s: float) -> str:
+    return (f"{phase}/{env_id}/{strategy}/a{alpha0:g}/L{learners}/t{threads}/s{seed}"
+            f"/b{budget_s:g}")
 
 
-def one_run(phase: str, env_id: str, strategy: str, alpha0: float, learners: int, seed: int,
-            args: argparse.Namespace) -> dict:
+def one_run(phase: str, env_id: str, strategy: str, alpha0: float, learners: int,
+            threads: int, seed: int, args: argparse.Namespace) -> dict:
     import dask_rl
     from dask_rl.data.metrics import read_metrics
 
-    threads = max(2, -(-learners // 2))  # enough threads on 2 workers for every learner
     overrides = [f"env.id={env_id}", *STRATEGY_SETTINGS[strategy],
                  f"aggregation.alpha0={alpha0}", f"seed={seed}",
                  f"stop.wall_s={args.budget_s}", "stop.env_steps=1000000000",
@@ -131,10 +136,11 @@ def one_run(phase: str, env_id: str, strategy: str, alpha0: float, learners: int
     last_round = next((r for r in reversed(records) if r["kind"] == "round"), {})
     curve = [(r["wall_s"], r["charts/return_recent"]) for r in records
              if r["kind"] == "learner" and r.get("charts/return_recent") is not None]
-    return {"key": run_key(phase, env_id, strategy, alpha0, learners, seed, args.budget_s),
-            "phase": phase,
-            "env_id": env_id, "strategy": strategy, "alpha0": alpha0, "learners": learners,
-            "seed": seed, "budget_s": args.budget_s, "final_return": s["final_return"],
+    return {"key": run_key(phase, env_id, strategy, alpha0, learners, threads, seed,
+                           args.budget_s),
+            "phase": phase, "env_id": env_id, "strategy": strategy, "alpha0": alpha0,
+            "learners": learners, "threads": threads, "seed": seed, "budget_s": args.budget_s,
+            "final_return": s["final_return"],
             "auc": auc(curve, args.budget_s), "updates": s["updates"],
             "env_steps": s["env_steps"], "staleness_mean": s["staleness_mean"],
             "staleness_max": s["staleness_max"], "gradients_applied": s["gradients_applied"],
@@ -168,6 +174,10 @@ def load_runs(path: Path) -> dict[str, dict]:
     if not path.exists():
         return {}
     runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in runs:  # runs from before threads were a field: their effective config says
+        r.setdefault("threads", r["config"]["cluster"]["threads_per_worker"])
+        r["key"] = run_key(r["phase"], r["env_id"], r["strategy"], r["alpha0"], r["learners"],
+                           r["threads"], r["seed"], r["budget_s"])
     return {r["key"]: r for r in runs}
 
 
@@ -211,7 +221,8 @@ def tuned_alphas(runs: dict[str, dict], args: argparse.Namespace) -> dict[str, d
                            and r["env_id"] == args.tune_env and r["strategy"] == strategy
                            and r["alpha0"] == a and r["seed"] in args.tune_seeds
                            and r["budget_s"] == args.budget_s
-                           and r["learners"] == args.learners and r["auc"] is not None]
+                           and r["learners"] == args.learners and r["threads"] == args.threads
+                           and r["auc"] is not None]
         if all(len(v) == len(args.tune_seeds) for v in per_seed.values()):
             scores = {a: float(np.mean(v)) for a, v in per_seed.items()}
             choice = max(scores, key=scores.__getitem__)
@@ -396,10 +407,11 @@ def write_results(args: argparse.Namespace, runs: dict[str, dict]) -> None:
                 and r["strategy"] in args.strategies)
 
     report = [r for r in runs.values() if r["phase"] == "report"
-              and r["learners"] == args.learners and counted(r, args.seeds)]
-    sweep = [r for r in runs.values() if r["phase"] in ("report", "staleness")
-             and r["env_id"] == args.envs[0] and r["learners"] in args.sweep
-             and counted(r, args.sweep_seeds)]
+              and r["learners"] == args.learners and r["threads"] == args.threads
+              and counted(r, args.seeds)]
+    sweep = [r for r in runs.values() if r["phase"] == "staleness"
+             and r["threads"] == args.sweep_threads and r["env_id"] == args.envs[0]
+             and r["learners"] in args.sweep and counted(r, args.sweep_seeds)]
     result = {
         "settings": {k: v for k, v in vars(args).items() if k != "phase"},
         "pipeline": str(PIPELINE.relative_to(ROOT)), "strategy_settings": STRATEGY_SETTINGS,
@@ -411,7 +423,8 @@ def write_results(args: argparse.Namespace, runs: dict[str, dict]) -> None:
         "runs_file": out.with_suffix(".runs.jsonl").name, "runs": len(runs),
     }
     md = [markdown(result["report"], f"Report seeds 1-{args.seeds}, {args.learners} learners"),
-          "", markdown(result["staleness_sweep"], f"Staleness sweep, seeds 1-{args.sweep_seeds}"),
+          "", markdown(result["staleness_sweep"], f"Staleness sweep, seeds 1-{args.sweep_seeds}, "
+                            f"{args.sweep_threads} threads per worker on every row"),
           "", markdown_degradation(result["degradation"])]
     tune_lines = ["", f"### Tuning on {args.tune_env} (AUC per alpha0: mean, then each tuning "
                   f"seed of {', '.join(map(str, args.tune_seeds))})", "",
@@ -445,6 +458,10 @@ def main() -> int:
     ap.add_argument("--tune-seeds", nargs="+", type=int, default=[1001, 1002])
     ap.add_argument("--seeds", type=int, default=8, help="report seeds 1..N")
     ap.add_argument("--learners", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads per worker in the tune and report phases")
+    ap.add_argument("--sweep-threads", type=int, default=4,
+                    help="threads per worker on every row of the staleness sweep")
     ap.add_argument("--sweep", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--sweep-seeds", type=int, default=4, help="staleness sweep seeds 1..N")
     ap.add_argument("--allow-edge", action="store_true",
@@ -460,7 +477,7 @@ def main() -> int:
     runs_path.parent.mkdir(parents=True, exist_ok=True)
     if args.phase == "tune":
         arms = [s for s in args.strategies if s not in TUNED_WITH]
-        plan = [("tune", args.tune_env, strategy, a, args.learners, seed)
+        plan = [("tune", args.tune_env, strategy, a, args.learners, args.threads, seed)
                 for seed in args.tune_seeds
                 for strategy in _turns(arms, seed) for a in args.alphas]
         execute(plan, args, runs_path)
@@ -473,14 +490,17 @@ def main() -> int:
         if edge and not args.allow_edge:
             ap.error(f"alpha0 chosen at the grid's edge for {edge}: widen --alphas and tune "
                      "again (or --allow-edge)")
-        learners = [args.learners] if args.phase == "report" else \
-            [n for n in args.sweep if n != args.learners]
         phase = args.phase
-        seeds = args.seeds if phase == "report" else args.sweep_seeds
-        envs = args.envs if phase == "report" else args.envs[:1]
-        plan = [(phase, env_id, strategy, chosen[strategy]["alpha0"], n, seed)
-                for env_id in envs for n in learners for seed in range(1, seeds + 1)
-                for strategy in _turns(args.strategies, seed)]
+        if phase == "report":
+            plan = [(phase, env_id, strategy, chosen[strategy]["alpha0"], args.learners,
+                     args.threads, seed)
+                    for env_id in args.envs for seed in range(1, args.seeds + 1)
+                    for strategy in _turns(args.strategies, seed)]
+        else:  # seed by seed, so that a study cut short has whole seeds
+            plan = [(phase, args.envs[0], strategy, chosen[strategy]["alpha0"], n,
+                     args.sweep_threads, seed)
+                    for seed in range(1, args.sweep_seeds + 1) for n in args.sweep
+                    for strategy in _turns(args.strategies, seed)]
         execute(plan, args, runs_path)
     write_results(args, load_runs(runs_path))
     return 0
