@@ -47,7 +47,7 @@ Figures: the final greedy return and the area under the curve (the mean over the
 100 points of wall time, of the recent training return: higher means better sooner), each as
 a mean with a t 95% interval; Stellaris minus each baseline as a difference of means with its
 Welch interval and p, with Holm's adjustment over each table's family of tests; and, for the
-sweep, each strategy's drop from the fewest to the most learners with the difference between
+sweep, each strategy's drop from the fewest learners to each other count with the difference between
 Stellaris' drop and each baseline's (bootstrap intervals). Each run keeps the strategy's
 counters at its end (``diagnostics``: threshold releases, SSP's refused reads, TianJi's P,
 truncated samples) and the commit it ran.
@@ -347,7 +347,8 @@ def markdown(summary: list[dict], title: str) -> str:
 
 
 def markdown_degradation(rows: list[dict]) -> str:
-    lines = ["### Degradation with staleness (mean at fewest minus mean at most learners)", "",
+    lines = ["### Degradation with staleness (mean at the fewest learners minus mean at each "
+             "other count)", "",
              "Negative \"Stellaris' drop minus this\": Stellaris degrades less than this "
              "strategy.", "",
              "| env | strategy | learners | final: drop [95% CI] | Stellaris' drop minus this "
@@ -418,7 +419,10 @@ def write_results(args: argparse.Namespace, runs: dict[str, dict]) -> None:
         "tuned_with": TUNED_WITH, "rollout_slots": SLOTS, "tuned_alpha0": chosen,
         "report": summarise(report, ("env_id", "learners", "strategy")),
         "staleness_sweep": summarise(sweep, ("env_id", "learners", "strategy")),
-        "degradation": degradation(sweep, min(args.sweep), max(args.sweep)),
+        # from the fewest learners to each other count: where the drop happens, not only
+        # its size at the end
+        "degradation": [d for n in sorted(args.sweep)[1:]
+                        for d in degradation(sweep, min(args.sweep), n)],
         # every run, its effective config and commit: one copy, in the runs file
         "runs_file": out.with_suffix(".runs.jsonl").name, "runs": len(runs),
     }
