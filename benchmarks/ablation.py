@@ -36,19 +36,20 @@ is not redone, so a long study can span several sessions):
     The same on the first of ``--envs`` at every learner count of ``--sweep`` (1, 2, 4, 8),
     seeds 1..``--sweep-seeds`` (default 4): how each strategy degrades as staleness grows,
     which is the paper's actual claim. Every row runs ``--sweep-threads`` threads per worker
-    (default 4), so that the rows differ in the learner count alone: 8 learners in flight on
-    2 workers need 4 threads each (with fewer, learner tasks queue, and a queued learner
-    pulls when it starts, so it adds no staleness), and threads beyond the cores cost
-    throughput, which every row then pays alike. The tune and report phases run
-    ``--threads`` (default 2), so the sweep's 4-learner row is its own runs, not the
-    report's. On 2 cores more learners do not add compute: each runs slower and staler.
+    (default 4), so that the rows differ in the learner count alone; threads beyond the cores
+    cost throughput, which every row then pays alike. The 4 rollout slots hold 4 of the 8
+    threads, so at most 4 learners run at once: at 8 the rest queue, and a queued learner
+    pulls when it starts, so the 8-learner row is no staler than the 4-learner one (8 in
+    flight would take 6 threads per worker). The tune and report phases run ``--threads``
+    (default 2), so the sweep's 4-learner row is its own runs, not the report's. On 2 cores
+    more learners do not add compute: each runs slower and staler.
 
 Figures: the final greedy return and the area under the curve (the mean over the budget, on
 100 points of wall time, of the recent training return: higher means better sooner), each as
 a mean with a t 95% interval; Stellaris minus each baseline as a difference of means with its
 Welch interval and p, with Holm's adjustment over each table's family of tests; and, for the
-sweep, each strategy's drop from the fewest learners to each other count with the difference between
-Stellaris' drop and each baseline's (bootstrap intervals). Each run keeps the strategy's
+sweep, each strategy's drop from the fewest learners to each other count, with the difference
+between Stellaris' drop and each baseline's (bootstrap intervals). Each run keeps the strategy's
 counters at its end (``diagnostics``: threshold releases, SSP's refused reads, TianJi's P,
 truncated samples) and the commit it ran.
 
