@@ -270,7 +270,8 @@ class ClusterConfig:
                                 "kubernetes: a DaskCluster by the dask-kubernetes operator",
                        choices=("local", "address", "kubernetes"))
     n_workers: int = option(2, "local: worker processes", ge=1)
-    threads_per_worker: int = option(1, "local: threads per worker", ge=1)
+    threads_per_worker: int = option(1, "local: threads per worker (more threads in all than "
+                                        "cores share them, slower; the run warns)", ge=1)
     processes: bool = option(True, "local: worker processes (False: threads in this process)")
     memory_limit: str = option("auto", "local: memory limit per worker")
     address: str | None = option(None, "address: the scheduler, tcp://host:8786 or tls://...")

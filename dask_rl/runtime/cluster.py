@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import zipfile
@@ -33,6 +34,26 @@ def rl_page(client: Client) -> str | None:
     return link.rsplit("/", 1)[0] + "/rl"
 
 
+def machine_cores() -> int:
+    """CPU cores this process may run on (its affinity set where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def oversubscription(n_workers: int, threads_per_worker: int, cores: int) -> str | None:
+    """Why a local cluster of ``n_workers`` x ``threads_per_worker`` threads would run slower
+    than its size suggests on ``cores`` cores, or None when it fits. More threads than cores
+    time-share them: on 2 cores, 2 workers x 4 threads collected less than half the env steps
+    of 2 x 2 (``docs/benchmarks.md``, the staleness sweep)."""
+    threads = n_workers * threads_per_worker
+    if threads <= cores:
+        return None
+    return (f"the local cluster runs {n_workers} workers x {threads_per_worker} threads = "
+            f"{threads} threads on {cores} cores; tasks will share the cores and run slower "
+            f"(cluster.n_workers x cluster.threads_per_worker <= {cores} avoids it)")
+
+
 @contextlib.contextmanager
 def connect(cfg: ClusterConfig, *, address: str | None = None,
             n_workers: int | None = None) -> Iterator[Client]:
@@ -51,6 +72,10 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
             yield client
         return
     preloads = [ADAPTIVE_PRELOAD] + ([DASHBOARD_PRELOAD] if cfg.dashboard else [])
+    crowded = oversubscription(n_workers or cfg.n_workers, cfg.threads_per_worker,
+                               machine_cores())
+    if crowded:
+        logger.warning(crowded)
     with dask.config.set({"distributed.worker.profile.enabled": cfg.profile}):
         cluster = LocalCluster(
             n_workers=n_workers or cfg.n_workers,
