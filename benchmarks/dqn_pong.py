@@ -16,7 +16,13 @@ Each trained run's games are compared with the random games by Welch's t-test (d
 mean score, 95% interval, p); so is every trained game pooled. "Learns" means the pooled
 interval lies above zero.
 
-    python benchmarks/dqn_pong.py --env-steps 300000 --seeds 2
+    python benchmarks/dqn_pong.py --env-steps 300000 --seeds 2 --keep RUNS
+
+A run takes hours on a small CPU machine, so the study can be paused and continued: Ctrl-C
+(SIGINT to the ``dask-rl train`` process) stops the run at a checkpoint, replay buffer
+included, and the same command with the same ``--keep`` continues it with ``dask-rl train
+--resume`` (a finished run is not redone). Without ``--keep`` the runs live in a temporary
+directory and cannot be continued. Each run's record counts its resumes.
 
 Writes ``benchmarks/results/dqn_pong.json`` (every run's effective config, summary, curve and
 games).
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,19 +85,37 @@ def greedy_games(run_dir: Path, games: int) -> tuple[list[float], int]:
     return play(env, lambda obs: policy.act(obs), games, GAME_SEED), policy.version
 
 
+def _finished(run_dir: Path) -> bool:
+    """Whether this run directory holds a run that ended (not one paused by Ctrl-C)."""
+    path = run_dir / "summary.json"
+    return path.exists() and json.loads(path.read_text()).get("stop_reason") != "interrupted"
+
+
 def train(seed: int, env_steps: int, run_dir: Path) -> dict:
-    cmd = train_command(PIPELINE, run_dir, ["cluster.dashboard=false", f"seed={seed}",
-                                            f"stop.env_steps={env_steps}"])
-    log = run_dir.parent / f"train-seed{seed}.log"
-    t0 = time.time()
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
-                              cwd=run_dir.parent)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        return {"seed": seed, "error": log.read_text()[-3000:], "wall_s": wall}
+    """One training run in a fresh process, continued (``--resume``) where an earlier one was
+    paused; returns its record, or ``{"interrupted": True}`` when it was paused again."""
     from dask_rl.data.metrics import read_metrics
 
+    log = run_dir.parent / f"train-seed{seed}.log"
+    if not _finished(run_dir):
+        cmd = train_command(PIPELINE, run_dir, ["cluster.dashboard=false", f"seed={seed}",
+                                                f"stop.env_steps={env_steps}"])
+        resume = (run_dir / "checkpoints" / "latest").exists()
+        if resume:
+            cmd.append("--resume")
+        with log.open("a" if resume else "w") as f:
+            # Ctrl-C is the trainer's to answer (a checkpoint, then exit 130); this process
+            # would otherwise kill it a quarter of a second later
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                      cwd=run_dir.parent)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+        if proc.returncode == 130:
+            return {"seed": seed, "interrupted": True}
+        if proc.returncode != 0:
+            return {"seed": seed, "error": log.read_text()[-3000:]}
     summary = json.loads((run_dir / "summary.json").read_text())
     records = read_metrics(run_dir / "metrics.jsonl")
     config = next(r["config"] for r in records if r["kind"] == "run" and r["event"] == "start")
@@ -99,7 +124,8 @@ def train(seed: int, env_steps: int, run_dir: Path) -> dict:
              for r in records if r["kind"] == "eval"]
     episodes = [(r["env_steps"], r["charts/episodic_return"]) for r in records
                 if r["kind"] == "rollout" and r.get("charts/episodic_return") is not None]
-    return {"seed": seed, "wall_s": wall, "config": config, "summary": summary,
+    return {"seed": seed, "wall_s": summary["wall_s"], "config": config, "summary": summary,
+            "resumes": sum(r["kind"] == "resume" for r in records),
             "screening": evals, "training_episodes": episodes}
 
 
@@ -134,6 +160,12 @@ def main() -> int:
             print(f"seed {seed}: training {args.env_steps} env steps (log: "
                   f"{base / f'train-seed{seed}.log'})", flush=True)
             r = train(seed, args.env_steps, run_dir)
+            if r.get("interrupted"):
+                hint = (f"the same command with --keep {base}" if args.keep else
+                        "nothing: without --keep the run is gone")
+                print(f"seed {seed}: paused at a checkpoint; to continue, run {hint}",
+                      flush=True)
+                return 130
             if "error" in r:
                 print(f"seed {seed}: ERROR\n{r['error']}", flush=True)
                 runs.append(r)
