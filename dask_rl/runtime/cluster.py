@@ -72,13 +72,13 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
             yield client
         return
     preloads = [ADAPTIVE_PRELOAD] + ([DASHBOARD_PRELOAD] if cfg.dashboard else [])
-    crowded = oversubscription(n_workers or cfg.n_workers, cfg.threads_per_worker,
-                               machine_cores())
+    workers = n_workers or cfg.n_workers
+    crowded = oversubscription(workers, cfg.threads_per_worker, machine_cores())
     if crowded:
         logger.warning(crowded)
     with dask.config.set({"distributed.worker.profile.enabled": cfg.profile}):
         cluster = LocalCluster(
-            n_workers=n_workers or cfg.n_workers,
+            n_workers=workers,
             threads_per_worker=cfg.threads_per_worker,
             processes=cfg.processes,
             memory_limit=cfg.memory_limit,
