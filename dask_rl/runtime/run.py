@@ -94,7 +94,8 @@ class Run(abc.ABC):
         self.env_steps = 0
         self.updates = 0
         self.evals = 0
-        self.wall_offset = 0.0
+        self.wall_offset = 0.0  # the wall seconds and env steps of the sessions before a resume
+        self.env_steps_offset = 0
         self.best_return: float | None = None
         self.recoveries = 0
         self.episodes = 0
@@ -167,7 +168,7 @@ class Run(abc.ABC):
     def steps_per_s(self, env_steps: int | None = None) -> float:
         """Env steps per second of this session (a resumed run counts from its resume)."""
         steps = self.env_steps if env_steps is None else env_steps
-        return steps / max(self.elapsed() - self.wall_offset, 1e-9)
+        return (steps - self.env_steps_offset) / max(self.elapsed() - self.wall_offset, 1e-9)
 
     def recent_return(self) -> float | None:
         return float(np.mean(self.returns)) if self.returns else None

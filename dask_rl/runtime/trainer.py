@@ -191,7 +191,7 @@ class Trainer(Run):
     def _restore(self) -> None:
         state, _, name = self.load_checkpoint()
         d = state["driver"]
-        self.env_steps = int(d["env_steps"])
+        self.env_steps = self.env_steps_offset = int(d["env_steps"])
         self.evals = int(d["evals"])
         self.wall_offset = float(d["wall_s"])
         self.best_return = d.get("best_return")

@@ -161,8 +161,9 @@ def test_killing_the_driver_then_resuming(pipelines, tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its local cluster
         proc.wait()
-    _, meta = store.load()
+    state, meta = store.load()
     saved_steps, saved_version = meta["env_steps"], meta["updates"]
+    saved_wall = state["driver"]["wall_s"]
     resumed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -171,6 +172,9 @@ def test_killing_the_driver_then_resuming(pipelines, tmp_path):
     assert resume and resume[-1]["env_steps"] == saved_steps > 0
     assert resume[-1]["updates"] == saved_version > 0
     assert summary["env_steps"] >= 150_000 and summary["updates"] > saved_version
+    # the throughput is the resumed session's own: its steps over its seconds
+    session = (summary["env_steps"] - saved_steps) / (summary["wall_s"] - saved_wall)
+    assert summary["steps_per_s"] == pytest.approx(session, rel=0.02), (session, summary)
     after = [r for r in records if r["time"] > resume[-1]["time"]]
     # the resumed run did not start from zero: its first learner counts on from the checkpoint
     # and learns on the checkpoint's parameters (the version travels with them)
