@@ -129,9 +129,16 @@ def train(seed: int, env_steps: int, run_dir: Path) -> dict:
             "screening": evals, "training_episodes": episodes}
 
 
-def _window(episodes: list[tuple[int, float]], lo: float, hi: float) -> float | None:
-    vals = [r for s, r in episodes if lo <= s < hi]
-    return float(np.mean(vals)) if vals else None
+def _tenth(episodes: list[tuple[int, float]], last: bool) -> dict | None:
+    """The mean return of the first (or last) tenth of the training episodes, by count, and
+    the env steps they ended at. By count, not by env steps: a resume restarts every
+    environment, and Pong's long games then end no episode for tens of thousands of steps."""
+    if not episodes:
+        return None
+    n = max(1, len(episodes) // 10)
+    part = episodes[-n:] if last else episodes[:n]
+    return {"mean_return": float(np.mean([r for _, r in part])), "episodes": n,
+            "env_steps": [part[0][0], part[-1][0]]}
 
 
 def main() -> int:
@@ -173,16 +180,20 @@ def main() -> int:
             r["games"], r["games_version"] = greedy_games(run_dir, args.games)
             r["vs_random"] = welch(r["games"], rand)
             steps = r["summary"]["env_steps"]
-            r["training_return_first_tenth"] = _window(r["training_episodes"], 0, steps / 10)
-            r["training_return_last_tenth"] = _window(r["training_episodes"], 0.9 * steps,
-                                                      float("inf"))
+            # the whole run's rate (the summary's steps_per_s is its last session's)
+            r["steps_per_s"] = steps / r["summary"]["wall_s"]
+            r["training_first_tenth"] = _tenth(r["training_episodes"], last=False)
+            r["training_last_tenth"] = _tenth(r["training_episodes"], last=True)
             runs.append(r)
             w = r["vs_random"]
-            print(f"seed {seed}: {steps} env steps in {r['wall_s']:.0f} s; greedy "
+            first, last = r["training_first_tenth"], r["training_last_tenth"]
+            curve = (f"; training episodes, first tenth {first['mean_return']:.1f}, last "
+                     f"{last['mean_return']:.1f}" if first else "")
+            print(f"seed {seed}: {steps} env steps in {r['wall_s']:.0f} s "
+                  f"({r['steps_per_s']:.1f}/s, {r['resumes']} resumes); greedy "
                   f"{np.mean(r['games']):.1f} over {len(r['games'])} games, vs random "
-                  f"{w['diff']:+.1f} [{w['ci95'][0]:+.1f}, {w['ci95'][1]:+.1f}] p {w['p']:.3g}; "
-                  f"training episodes {r['training_return_first_tenth']} -> "
-                  f"{r['training_return_last_tenth']}", flush=True)
+                  f"{w['diff']:+.1f} [{w['ci95'][0]:+.1f}, {w['ci95'][1]:+.1f}] p {w['p']:.3g}"
+                  f"{curve}", flush=True)
 
     ok = [r for r in runs if "error" not in r]
     pooled = [g for r in ok for g in r["games"]]
