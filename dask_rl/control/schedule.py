@@ -82,6 +82,16 @@ class EvalSchedule:
         for a while."""
         self.target_held_until = updates + max(self.every_updates, 1)
 
+    def state(self) -> dict[str, int]:
+        """What a checkpoint keeps, so that a resumed run evaluates when this one would have."""
+        return {"eval_last_updates": self.last_updates,
+                "eval_target_held_until": self.target_held_until}
+
+    def load_state(self, d: dict) -> None:
+        """The inverse of :meth:`state`; a checkpoint without it evaluates at the next update."""
+        self.last_updates = int(d.get("eval_last_updates", -1))
+        self.target_held_until = int(d.get("eval_target_held_until", -1))
+
     def reset(self) -> None:
         """After a recovery the version may repeat: evaluate it again."""
         self.last_updates = -1

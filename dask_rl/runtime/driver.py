@@ -134,11 +134,13 @@ class Driver(Trainer):
 
     def driver_state(self) -> dict:
         extra = self.sampled.state() if self.sampled is not None else {}
-        return {"learner_seq": self.learner_seq, "rollout_seq": self.rollout_seq, **extra}
+        return {"learner_seq": self.learner_seq, "rollout_seq": self.rollout_seq,
+                **self.evaluations.state(), **extra}
 
     def load_driver_state(self, d: dict) -> None:
         self.learner_seq = int(d["learner_seq"])
         self.rollout_seq = int(d["rollout_seq"])
+        self.evaluations.load_state(d)
         if self.sampled is not None:
             self.sampled.load_state(d)
         self.accounting.env_steps_collected = self.env_steps

@@ -1,5 +1,7 @@
 """The run's small decisions: evaluation schedule, learning-rate annealing, accounting."""
 
+import json
+
 import pytest
 
 from dask_rl.control.accounting import Accounting, ema
@@ -37,6 +39,34 @@ def test_after_an_unconfirmed_target_the_recent_return_alone_waits_a_period():
     held = [u for u in range(8, 70)
             if s.due(updates=u, recent_return=490.0, recent_episodes=20, running=False)]
     assert held[0] == 57   # the first update count at least 50 past the unconfirmed one
+
+
+def test_a_resumed_schedule_evaluates_when_the_uninterrupted_one_would():
+    def due(s, updates, recent_return=100.0):
+        return [u for u in updates if s.due(updates=u, recent_return=recent_return,
+                                            recent_episodes=20, running=False)]
+
+    def through_a_checkpoint(s):
+        resumed = EvalSchedule(every_updates=50, target=475.0)
+        resumed.load_state(json.loads(json.dumps({"learner_seq": 3, **s.state()})))
+        return resumed
+
+    whole = EvalSchedule(every_updates=50, target=475.0)
+    assert due(whole, range(0, 240, 3)) == [51, 102, 153, 204]
+    first = EvalSchedule(every_updates=50, target=475.0)
+    assert due(first, range(0, 120, 3)) == [51, 102]
+    # not at the resumed run's first update (120): on at 153 and 204, as without the pause
+    assert due(through_a_checkpoint(first), range(120, 240, 3)) == [153, 204]
+
+    held = EvalSchedule(every_updates=50, target=475.0)
+    assert due(held, [110], recent_return=490.0) == [110]
+    held.hold_target(110)   # not confirmed: the recent return alone waits until 160
+    assert due(through_a_checkpoint(held), [120, 159, 160], recent_return=490.0) == [160]
+
+    # a checkpoint written before the schedule was kept: evaluate at the next update
+    old = EvalSchedule(every_updates=50, target=None)
+    old.load_state({"learner_seq": 3})
+    assert due(old, [120, 123]) == [120]
 
 
 def test_a_confirmation_must_clear_the_target_by_its_margin():
