@@ -92,16 +92,16 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
     if slots < 2:
         raise ValueError(f"need at least 2 slots (a learner and an actor), got {slots}")
     cap = learner_cap(slots, max_learners)
-    # x = [n_L, n_A, z]; linprog minimises, so the objective is -z, plus a tie-break far below
-    # any throughput difference: of the allocations reaching the optimum, the fewest slots
-    # (when the staleness bound caps the learners, more actors would only queue trajectories)
-    tie = 1e-9 * min(learner_rate, actor_rate)
-    res = linprog(c=[tie, tie, -1.0],
-                  A_ub=[[-learner_rate, 0.0, 1.0], [0.0, -actor_rate, 1.0], [1.0, 1.0, 0.0]],
-                  b_ub=[0.0, 0.0, float(slots)],
-                  bounds=[(1.0, float(cap)), (1.0, None), (0.0, None)], method="highs")
-    if not res.success:  # cannot happen for valid inputs: (1, 1, 0) is always feasible
-        raise RuntimeError(f"the allocation LP failed: {res.message}")
+    # x = [n_L, n_A, z]: first the best throughput z* (linprog minimises, so -z) ...
+    a_ub = [[-learner_rate, 0.0, 1.0], [0.0, -actor_rate, 1.0], [1.0, 1.0, 0.0]]
+    bounds = [(1.0, float(cap)), (1.0, None), (0.0, None)]
+    best_z = _solve(c=[0.0, 0.0, -1.0], A_ub=a_ub, b_ub=[0.0, 0.0, float(slots)],
+                    bounds=bounds).x[2]
+    # ... then, of the allocations reaching it, the fewest slots: when the staleness bound
+    # caps the learners, more actors would only queue trajectories. Two solves, not a small
+    # tie-break cost: one far below the throughputs falls under the solver's tolerance.
+    res = _solve(c=[1.0, 1.0, 0.0], A_ub=a_ub, b_ub=[0.0, 0.0, float(slots)],
+                 bounds=[*bounds[:2], (best_z * (1 - 1e-9), None)])
     lp_l, lp_a = float(res.x[0]), float(res.x[1])
     best = None
     for n_l, n_a in itertools.product({math.floor(lp_l), math.ceil(lp_l)},
@@ -124,6 +124,13 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
     return Allocation(learners=n_l, actors=n_a, learner_rate=n_l * learner_rate,
                       actor_rate=n_a * actor_rate, lp_learners=lp_l, lp_actors=lp_a,
                       bound=bound)
+
+
+def _solve(**lp):
+    res = linprog(method="highs", **lp)
+    if not res.success:  # cannot happen for valid inputs: (1, 1, 0) is always feasible
+        raise RuntimeError(f"the allocation LP failed: {res.message}")
+    return res
 
 
 def worth_changing(current: Allocation | None, new: Allocation, *, learner_rate: float,

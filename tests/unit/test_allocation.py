@@ -55,6 +55,25 @@ def test_matches_enumeration_on_random_rates(seed):
     assert a.learners + a.actors == n_l + n_a  # ties go to the fewest slots
 
 
+def test_a_capped_learner_at_task_rates_gets_only_the_actors_it_needs():
+    # rates in trajectories/s (1 / task seconds), as the scaler passes them: one learner
+    # absorbs 1.904/s, two actors already make 3.5/s; the other 18 slots would only queue
+    a = balance(learner_rate=1.904, actor_rate=1.763, slots=21, max_learners=1)
+    assert (a.learners, a.actors) == (1, 2) and a.bound == "staleness"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_matches_enumeration_at_task_rates_with_one_learner(seed):
+    rng = np.random.default_rng(1000 + seed)
+    r_l, r_a = rng.uniform(0.05, 20, 2)
+    slots = int(rng.integers(2, 33))
+    cap = int(rng.integers(1, min(3, slots)))
+    a = balance(learner_rate=r_l, actor_rate=r_a, slots=slots, max_learners=cap)
+    (score, _), (n_l, n_a) = _best_by_enumeration(r_l, r_a, slots, cap)
+    assert a.throughput == pytest.approx(score)
+    assert a.learners + a.actors == n_l + n_a
+
+
 def test_bad_rates_or_too_few_slots_are_refused():
     with pytest.raises(ValueError, match="rates"):
         balance(learner_rate=0, actor_rate=1, slots=4)
