@@ -22,6 +22,15 @@ which keeps what TianJi's ``P`` is for: a ratio in [0, 1] that grows as the lear
 falls behind its parameters, and that its tolerance (0.2) and operating rules (> 0.3, < 0.1)
 can be read against. A gradient that carries no sample counts (a learner that does not report
 them) leaves ``P`` unchanged.
+
+**Measured limit: this ``P`` saturates.** Rollouts run beside the learners, so nearly every
+trajectory was collected by a policy at least one version older than the learner's pull,
+even with one learner. In every ablation run (Hopper-v5 and HalfCheetah-v5, 1 to 8
+learners; ``benchmarks/results/ablation.runs.jsonl``) the step factor was 0.50-0.53 with
+``lambda = 1``, i.e. ``P`` of 0.89-0.99: the rule acts as a near-constant
+``alpha0 / (1 + lambda)`` and the operating rules' thresholds are never crossed. A graded
+``P`` (a sample stale only when its lag exceeds a tolerance) would follow the learner count;
+it is not built, as the ablation's TianJi rows would have to be run again.
 """
 
 from __future__ import annotations
