@@ -174,7 +174,9 @@ class SampleStaleness:
     lam: float = 1.0
 
     def ratio(self, held: int) -> float:
-        """``P``, measured against the transitions the buffer holds now."""
+        """``P``, measured against the transitions the buffer holds now, not its capacity:
+        while the buffer fills, a batch is a larger share of what can be sampled, and that
+        share is what makes samples repeat (stale)."""
         return self.batch / max(held, 1)
 
     def learning_rate(self, alpha: float, held: int) -> float:
