@@ -27,8 +27,9 @@ them) leaves ``P`` unchanged.
 trajectory was collected by a policy at least one version older than the learner's pull,
 even with one learner. In every ablation run (Hopper-v5 and HalfCheetah-v5, 1 to 8
 learners; ``benchmarks/results/ablation.runs.jsonl``) the step factor was 0.50-0.53 with
-``lambda = 1``, i.e. ``P`` of 0.89-0.99: the rule acts as a near-constant
-``alpha0 / (1 + lambda)`` and the operating rules' thresholds are never crossed. A graded
+``lambda = 1``, i.e. ``P`` of about 0.89-0.99: the rule acts as a near-constant
+``alpha0 / (1 + lambda)``, and read against the operating rules this ``P`` would always say
+"more learners" (> 0.3), whatever the learner count. A graded
 ``P`` (a sample stale only when its lag exceeds a tolerance) would follow the learner count;
 it is not built, as the ablation's TianJi rows would have to be run again.
 """
