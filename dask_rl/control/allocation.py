@@ -94,13 +94,13 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
     cap = learner_cap(slots, max_learners)
     # x = [n_L, n_A, z]: first the best throughput z* (linprog minimises, so -z) ...
     a_ub = [[-learner_rate, 0.0, 1.0], [0.0, -actor_rate, 1.0], [1.0, 1.0, 0.0]]
+    b_ub = [0.0, 0.0, float(slots)]
     bounds = [(1.0, float(cap)), (1.0, None), (0.0, None)]
-    best_z = _solve(c=[0.0, 0.0, -1.0], A_ub=a_ub, b_ub=[0.0, 0.0, float(slots)],
-                    bounds=bounds).x[2]
+    best_z = _solve(c=[0.0, 0.0, -1.0], A_ub=a_ub, b_ub=b_ub, bounds=bounds).x[2]
     # ... then, of the allocations reaching it, the fewest slots: when the staleness bound
     # caps the learners, more actors would only queue trajectories. Two solves, not a small
     # tie-break cost: one far below the throughputs falls under the solver's tolerance.
-    res = _solve(c=[1.0, 1.0, 0.0], A_ub=a_ub, b_ub=[0.0, 0.0, float(slots)],
+    res = _solve(c=[1.0, 1.0, 0.0], A_ub=a_ub, b_ub=b_ub,
                  bounds=[*bounds[:2], (best_z * (1 - 1e-9), None)])
     lp_l, lp_a = float(res.x[0]), float(res.x[1])
     best = None
