@@ -137,6 +137,26 @@ def check_run_dir(cfg: PipelineConfig, run_dir: Path, *, resume: bool) -> None:
                           f"the pipeline the run started with")
 
 
+# The runs this process is training now (a sweep trains several at once, in threads): what an
+# interrupt that only the main thread receives must reach.
+_RUNNING: dict[int, Any] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def interrupt_running(reason: str = "interrupted", *,
+                      run_dir: str | os.PathLike | None = None) -> int:
+    """Ask the runs this process is training (or the one in ``run_dir``) to stop soon, each
+    with a final checkpoint and its summary (``stop_reason`` ``reason``); returns how many
+    were asked. Safe from a signal handler and from any thread."""
+    with _RUNNING_LOCK:
+        drivers = list(_RUNNING.values())
+    if run_dir is not None:
+        drivers = [d for d in drivers if Path(d.run_dir) == Path(run_dir)]
+    for driver in drivers:
+        driver.interrupt(reason)
+    return len(drivers)
+
+
 @contextlib.contextmanager
 def _graceful_interrupts(driver: Any):
     """The first Ctrl-C (or SIGTERM, as Kubernetes sends before it kills a pod) stops the run
@@ -278,8 +298,14 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
 
             check_memory(cfg, cluster_worker_bytes(c))
         driver = trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
-        with _graceful_interrupts(driver):
-            return driver.run().to_dict()
+        with _RUNNING_LOCK:
+            _RUNNING[id(driver)] = driver
+        try:
+            with _graceful_interrupts(driver):
+                return driver.run().to_dict()
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(id(driver), None)
 
     from dask_rl.runtime.run import RunFailed
 

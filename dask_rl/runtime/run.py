@@ -226,11 +226,12 @@ class Run(abc.ABC):
         logger.info("greedy %s at %d steps (version %d): %.1f over %d episodes", purpose,
                     self.env_steps, result.version, ret, result.episodes)
 
-    def interrupt(self) -> None:
-        """Stop soon (Ctrl-C): no new work, a final checkpoint and summary, no final
-        evaluation when one exists already. Safe to call from a signal handler."""
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """Stop soon (Ctrl-C, or a sweep pruning the run with ``reason="pruned"``): no new
+        work, a final checkpoint and summary, no final evaluation when one exists already.
+        Safe to call from a signal handler and from another thread."""
         if self.stop_reason is None:
-            self.stop_reason = "interrupted"
+            self.stop_reason = reason
 
     def final_evaluation(self, evaluate: Callable[[int, int], Evaluation]) -> Evaluation:
         """The evaluation the summary reports, of the final policy: the confirmation that
@@ -240,7 +241,7 @@ class Run(abc.ABC):
         if self.stop_reason == "solved" and self.confirmation is not None:
             return self.confirmation
         self.confirmation = None  # one of an earlier policy says nothing of the final one
-        if self.stop_reason == "interrupted" and self.last_eval is not None:
+        if self.stop_reason in ("interrupted", "pruned") and self.last_eval is not None:
             return self.last_eval
         result = evaluate(self.cfg.stop.eval_episodes, 10_000 + self.evals + 1)
         self._log_eval(result, "screening")
