@@ -85,7 +85,7 @@ def trainer_class(cfg: PipelineConfig) -> type:
     return Driver
 
 
-RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "members")
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "members", "store.json")
 # What a resumed run may change: how it runs, not what it learns (the model or the algorithm).
 RESUME_MAY_CHANGE = ("learner", "rollout", "stop", "checkpoint", "cluster", "seed", "logging")
 RESUME_ENV_MAY_CHANGE = ("num_envs",)
@@ -104,13 +104,28 @@ def check_run_dir(cfg: PipelineConfig, run_dir: Path, *, resume: bool) -> None:
             raise ConfigError(f"{run_dir}: already holds a run ({', '.join(held)}); resume it "
                               f"with --resume or choose another --run-dir")
         return
-    from dask_rl.checkpoint import CheckpointError, CheckpointStore
+    from dask_rl.checkpoint import (
+        CheckpointError,
+        CheckpointStore,
+        StoreLocation,
+        StoreLocationError,
+    )
 
     if cfg.population is not None:
         return  # each member checks its own checkpoints
-    store = CheckpointStore(cfg.checkpoint.path or run_dir / "checkpoints")
     try:
-        _, meta, _ = store.load_latest_good()
+        where = StoreLocation.find(run_dir, checkpoint_path=cfg.checkpoint.path)
+    except StoreLocationError as e:
+        raise ConfigError(f"--resume: {e}") from None
+    if where is None:
+        raise ConfigError(f"--resume: {run_dir}: no checkpoint to resume from (no store.json, "
+                          f"no checkpoints/)")
+    if where.run_id is None and cfg.checkpoint.path is not None:
+        logger.warning("%s predates per-run checkpoint stores: resuming from the shared %s, "
+                       "which may hold another run's checkpoints", run_dir, where.path)
+    expect = {} if where.run_id is None else {"run_id": where.run_id}
+    try:
+        _, meta, _ = CheckpointStore(where.path).load_latest_good(expect=expect)
     except CheckpointError as e:
         raise ConfigError(f"--resume: {e}") from None
     saved = meta.get("config")
@@ -233,10 +248,21 @@ def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, clien
     return embedded
 
 
-def default_run_dir(cfg: PipelineConfig) -> Path:
+def default_run_dir(cfg: PipelineConfig, root: str | os.PathLike = "runs") -> Path:
+    """``runs/<algo>-<env>-<time>``, created here so that two runs started in the same second
+    get two directories (the second one gets ``-2``, and so on)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = re.sub(r"[^a-z0-9_-]+", "-", cfg.env.name.lower()).strip("-")
-    return Path("runs") / f"{cfg.algo.name}-{name}-{stamp}"
+    base = Path(root) / f"{cfg.algo.name}-{name}-{stamp}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()   # atomic: exactly one process creates it
+            return path
+        except FileExistsError:
+            continue
+    raise ConfigError(f"{base}: a thousand runs started this second; give --run-dir")
 
 
 def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = None, *,
@@ -288,6 +314,8 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
     from dask_rl.runtime.cluster import connect
     from dask_rl.runtime.run_lock import RunLock
 
+    started: list[Any] = []   # the driver, once there is one (for an unexpected error)
+
     def _run(c: Any) -> dict:
         if cfg.cluster.upload:
             from dask_rl.runtime.cluster import upload
@@ -298,6 +326,7 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
 
             check_memory(cfg, cluster_worker_bytes(c))
         driver = trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
+        started.append(driver)
         with _RUNNING_LOCK:
             _RUNNING[id(driver)] = driver
         try:
@@ -319,8 +348,36 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
         except RunFailed as e:  # what the run got to, then the one-line error
             _write_summary(run_dir, e.summary)
             raise
+        except (ConfigError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a bug or an unforeseen failure: still one line and a summary
+            raise _unexpected(e, run_dir, started[0] if started else None, cfg) from e
         _write_summary(run_dir, summary)
     return RunResult(summary=summary, run_dir=run_dir)
+
+
+def _unexpected(error: Exception, run_dir: Path, driver: Any, cfg: PipelineConfig):
+    """An error nothing expected: its traceback to ``RUN_DIR/traceback.txt``, what the run got
+    to into ``summary.json`` (``stop_reason: error``), and a :class:`RunFailed` whose one line
+    says where both are."""
+    import traceback
+
+    from dask_rl.runtime.run import RunFailed
+
+    line = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+    try:
+        (run_dir / "traceback.txt").write_text("".join(traceback.format_exception(error)))
+    except OSError:
+        pass
+    if driver is not None:
+        failed = driver.fail(f"unexpected error: {line}", "error")
+        summary, message = failed.summary, str(failed)
+    else:
+        summary = {"algorithm": cfg.algo.name, "env_id": cfg.env.name, "stop_reason": "error",
+                   "error": line}
+        message = f"unexpected error: {line}"
+    _write_summary(run_dir, summary)
+    return RunFailed(f"{message} (traceback in {run_dir / 'traceback.txt'})", summary)
 
 
 def _write_summary(run_dir: Path, summary: dict) -> None:

@@ -36,10 +36,16 @@ from gymnasium import spaces
 from torch import nn
 
 from dask_rl.algos import registry
-from dask_rl.checkpoint import CheckpointError, CheckpointStore
+from dask_rl.checkpoint import (
+    STORE_FILE,
+    CheckpointError,
+    CheckpointStore,
+    StoreLocation,
+    StoreLocationError,
+)
 from dask_rl.config import ConfigError, PipelineConfig, from_dict
 from dask_rl.data import PolicySnapshot
-from dask_rl.envs import env_spaces, is_atari, make_env, space_from_dict
+from dask_rl.envs import code_named_by, env_spaces, is_atari, make_env, space_from_dict
 from dask_rl.models import load_snapshot, make_model, make_policy
 
 FORMATS = ("torchscript", "onnx")
@@ -50,13 +56,14 @@ class Policy(nn.Module):
 
     def __init__(self, net: nn.Module, observation_space: spaces.Space,
                  action_space: spaces.Space, cfg: PipelineConfig, *, deterministic_net: bool,
-                 version: int = 0):
+                 version: int = 0, trusted: bool = True):
         super().__init__()
         self.net = net.eval()
         self.deterministic_net = deterministic_net   # ES: the net maps obs to actions itself
         self.value_based = registry.get(cfg.algo.name).family == "replay"
         self.observation_space, self.action_space = observation_space, action_space
         self.cfg, self.version = cfg, version
+        self.trusted = trusted   # cfg is the user's, or vouched for: its env may be made
         self.clip = isinstance(action_space, spaces.Box) and not deterministic_net
         if self.clip:
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
@@ -97,6 +104,7 @@ class Policy(nn.Module):
         """The environment this policy was trained on, wrapped as in training's evaluations
         (Atari: frame preprocessing and stacking), ready for :meth:`act`; ``kwargs`` go to
         its maker (e.g. ``render_mode="rgb_array"``)."""
+        require_env_trust(self.cfg.env, self.trusted, "this policy came from a checkpoint")
         env_cfg = dataclasses.replace(self.cfg.env, kwargs={**self.cfg.env.kwargs, **kwargs})
         return make_env(env_cfg)
 
@@ -135,15 +143,22 @@ def record_video(policy: Policy, out: str | Path, *, seed: int = 0) -> dict[str,
     return {"video": str(out), "video_frames": len(frames), "video_return": total}
 
 
-def _checkpoint_dir(path: Path) -> tuple[Path, str | None]:
-    """(checkpoint store, checkpoint name or None for the newest) for a run directory, a
-    ``checkpoints/`` directory or one checkpoint in it."""
+def find_store(path: Path) -> tuple[str, str | None]:
+    """(checkpoint store, checkpoint name or None for the newest) for a run directory (its
+    store wherever ``checkpoint.path`` put it: ``RUN_DIR/store.json``), a store directory or
+    one checkpoint in it."""
+    try:
+        where = StoreLocation.find(path)
+    except StoreLocationError as e:
+        raise ConfigError(str(e)) from None
+    if where is not None and (path / STORE_FILE).exists():
+        return where.path, None
     if (path / "checkpoints").is_dir():
-        return path / "checkpoints", None
+        return str(path / "checkpoints"), None
     if path.name.startswith("ckpt-") and path.parent.is_dir():
-        return path.parent, path.name
+        return str(path.parent), path.name
     if path.is_dir() and any(p.name.startswith("ckpt-") for p in path.iterdir()):
-        return path, None
+        return str(path), None
     members = path / "members"
     if members.is_dir():
         raise ConfigError(f"{path}: a population run has one checkpoint store per member; "
@@ -151,15 +166,31 @@ def _checkpoint_dir(path: Path) -> tuple[Path, str | None]:
     raise ConfigError(f"{path}: no checkpoints here; give a run directory or a checkpoint")
 
 
-def load_policy(path: str | Path, *, checkpoint: str | None = None) -> Policy:
+def load_policy(path: str | Path, *, checkpoint: str | None = None,
+                pipeline: str | Path | PipelineConfig | None = None,
+                trust: bool = False) -> Policy:
     """The policy of a run directory's newest good checkpoint (or of ``path`` when it is a
-    checkpoint, or of ``checkpoint`` by name), as a :class:`Policy` on the CPU."""
-    store_dir, name = _checkpoint_dir(Path(path))
-    return policy_from_store(CheckpointStore(store_dir), checkpoint or name)
+    checkpoint, or of ``checkpoint`` by name), as a :class:`Policy` on the CPU.
+
+    A checkpoint is data: nothing it names is imported or called. Its spaces come from its
+    metadata; its environment is made (:meth:`Policy.make_env`) only when it is an id
+    Gymnasium's registry already has, when you give the run's ``pipeline`` (a YAML path or a
+    config: its environment is used), or with ``trust=True`` (the checkpoint's own config,
+    code included: only for checkpoints you wrote).
+    """
+    store_dir, name = find_store(Path(path))
+    if pipeline is not None and not isinstance(pipeline, PipelineConfig):
+        from dask_rl.config import load_pipeline
+
+        pipeline = load_pipeline(pipeline)
+    return policy_from_store(CheckpointStore(store_dir), checkpoint or name, cfg=pipeline,
+                             trust=trust)
 
 
-def policy_from_store(store: CheckpointStore, checkpoint: str | None = None) -> Policy:
-    """The policy of a checkpoint store's newest good checkpoint (or of ``checkpoint``)."""
+def policy_from_store(store: CheckpointStore, checkpoint: str | None = None, *,
+                      cfg: PipelineConfig | None = None, trust: bool = False) -> Policy:
+    """The policy of a checkpoint store's newest good checkpoint (or of ``checkpoint``);
+    ``cfg`` and ``trust`` as in :func:`load_policy`."""
     try:
         if checkpoint:
             state, meta = store.load(checkpoint)
@@ -167,11 +198,18 @@ def policy_from_store(store: CheckpointStore, checkpoint: str | None = None) -> 
             state, meta, _ = store.load_latest_good()
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
-    cfg = from_dict(meta["config"], check_env=False)
+    trusted = trust or cfg is not None   # the user's own pipeline is vouched for
+    cfg = checkpoint_config(meta, cfg)
     if "spaces" in meta:
-        obs_space = space_from_dict(meta["spaces"]["observation"])
-        action_space = space_from_dict(meta["spaces"]["action"])
-    else:  # checkpoints written before spaces were kept: ask the environment
+        try:
+            obs_space = space_from_dict(meta["spaces"]["observation"])
+            action_space = space_from_dict(meta["spaces"]["action"])
+        except Exception as e:  # a damaged or crafted description
+            raise ConfigError(f"{store.root}: the checkpoint's spaces are unreadable: "
+                              f"{' '.join(str(e).split())[:200]}") from None
+    else:  # written before spaces were kept: only the environment can tell
+        require_env_trust(cfg.env, trusted, f"{store.root}: the checkpoint records no spaces "
+                          f"(an older dask-rl), so its environment must be made")
         obs_space, action_space = env_spaces(cfg.env)
     family = registry.get(cfg.algo.name).family
     actor = state["actor"]
@@ -182,9 +220,47 @@ def policy_from_store(store: CheckpointStore, checkpoint: str | None = None) -> 
     else:
         net = make_model(obs_space, action_space, cfg.model,
                          normalize_obs=cfg.env.normalize_obs)
-    load_snapshot(net, snapshot)
+    try:
+        load_snapshot(net, snapshot)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"{store.root}: the checkpoint does not fit its model: "
+                          f"{' '.join(str(e).split())[:200]}") from None
     return Policy(net, obs_space, action_space, cfg, deterministic_net=family == "evolution",
-                  version=snapshot.version)
+                  version=snapshot.version,
+                  trusted=trusted)
+
+
+def checkpoint_config(meta: dict[str, Any], pipeline: PipelineConfig | None = None
+                      ) -> PipelineConfig:
+    """The config a checkpoint was written with, read as data (no environment is checked,
+    nothing is imported); with ``pipeline`` (the user's), that pipeline, once it is shown to
+    be the checkpoint's algorithm on the checkpoint's environment."""
+    saved = meta.get("config")
+    if not isinstance(saved, dict):
+        raise ConfigError("the checkpoint records no pipeline config")
+    try:
+        cfg = from_dict(saved, check_env=False)
+    except ConfigError as e:
+        raise ConfigError(f"the checkpoint's config is not valid here: {e}") from None
+    if pipeline is None:
+        return cfg
+    for what, mine, theirs in (("algo.name", pipeline.algo.name, cfg.algo.name),
+                               ("env", pipeline.env.name, cfg.env.name)):
+        if mine != theirs:
+            raise ConfigError(f"--pipeline: its {what} is {mine!r}, the checkpoint's is "
+                              f"{theirs!r}")
+    return pipeline
+
+
+def require_env_trust(env: Any, trusted: bool, why: str) -> None:
+    """ConfigError unless making ``env`` runs no code the checkpoint names (or ``trusted``)."""
+    if trusted:
+        return
+    named = code_named_by(env)
+    if named is not None:
+        raise ConfigError(f"{why}, and it names code ({named}); a checkpoint is data: give "
+                          f"the run's pipeline (--pipeline PIPELINE.yaml) or, for a "
+                          f"checkpoint you wrote, --trust-checkpoint")
 
 
 def require(module: str, extra: str, what: str) -> None:

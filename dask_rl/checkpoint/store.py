@@ -119,14 +119,20 @@ class CheckpointStore:
         return Pending(name, url)
 
     def commit(self, pending: "Pending", state: dict[str, Any], *,
-               meta: dict[str, Any] | None = None, replay: int = 0) -> str:
+               meta: dict[str, Any] | None = None, replay: int = 0,
+               replay_checksums: list[dict[str, int]] | None = None) -> str:
         """Write the driver's part, consolidate, publish; ``replay`` trajectories were written
-        by workers under ``replay/0 .. replay/<replay - 1>``."""
+        by workers under ``replay/0 .. replay/<replay - 1>``, with the checksums their
+        :func:`write_trajectory` returned."""
+        if replay and (replay_checksums is None or len(replay_checksums) != replay):
+            raise CheckpointError(f"{pending.url}: {replay} replay trajectories written, "
+                                  f"checksums for {len(replay_checksums or [])}")
         zarr = _zarr()
         arrays: dict[str, np.ndarray] = {}
         scalars = _split(state, "", arrays)
         attrs = {"format_version": FORMAT_VERSION, "state": scalars, "meta": meta or {},
                  "arrays": sorted(arrays), "replay": replay,
+                 "replay_checksums": list(replay_checksums or []),
                  "checksums": {k: _checksum(v) for k, v in arrays.items()}}
         store = self._store(pending.url)
         group = zarr.open_group(store, mode="a")
@@ -219,6 +225,8 @@ class CheckpointStore:
         state = _join(attrs["state"], arrays, "")
         meta = dict(attrs.get("meta", {}))
         meta["replay"] = int(attrs.get("replay", 0))
+        if meta["replay"]:  # None: written before replay checksums were kept
+            meta["replay_checksums"] = attrs.get("replay_checksums")
         _check_expectations(path, meta, state, expect or {})
         return state, meta
 
@@ -293,27 +301,60 @@ def _open_store(url: str):
     return url.removeprefix("file://")
 
 
-def write_trajectory(url: str, index: int, traj: Trajectory) -> None:
-    """Write one trajectory under ``replay/<index>`` of a pending checkpoint (on a worker)."""
+def write_trajectory(url: str, index: int, traj: Trajectory) -> dict[str, int]:
+    """Write one trajectory under ``replay/<index>`` of a pending checkpoint (on a worker).
+
+    Returns the checksum of every array written (its path under ``replay/<index>``): the
+    driver commits the checkpoint only with every worker's checksums in hand, and
+    :func:`read_trajectory` checks them, as :meth:`CheckpointStore.load` does the parameters'.
+    """
     zarr = _zarr()
     group = zarr.open_group(_open_store(url), mode="a").require_group(f"replay/{index}")
-    scalars = {}
+    scalars: dict[str, Any] = {}
+    checksums: dict[str, int] = {}
+
+    def put(key: str, value: np.ndarray) -> None:
+        if value.dtype.kind not in _ALLOWED_KINDS:
+            raise TypeError(f"replay/{index}/{key} has dtype {value.dtype}")
+        group.create_array(key, data=value, overwrite=True)
+        checksums[key] = _checksum(value)
+
     for f in dataclasses.fields(traj):
         value = getattr(traj, f.name)
         if isinstance(value, np.ndarray):
-            group.create_array(f.name, data=value, overwrite=True)
+            put(f.name, value)
         elif isinstance(value, dict):
             for k, v in value.items():
-                group.create_array(f"{f.name}/{k}", data=v, overwrite=True)
+                put(f"{f.name}/{k}", np.asarray(v))
             scalars[f.name] = sorted(value)
         else:
             scalars[f.name] = value
     group.attrs.update({"trajectory": scalars})
+    return checksums
 
 
-def read_trajectory(url: str, index: int) -> Trajectory:
-    """Read back a trajectory written by :func:`write_trajectory` (on a worker)."""
+# what a trajectory's attributes may hold, field by field (anything else is refused)
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {"policy_version": (int,), "slot": (int,),
+                                              "collect_s": (int, float)}
+
+
+def read_trajectory(url: str, index: int, checksums: dict[str, int] | None = None
+                    ) -> Trajectory:
+    """Read back a trajectory written by :func:`write_trajectory` (on a worker): only numeric
+    arrays and the scalar types a :class:`Trajectory` has, each array checked against
+    ``checksums`` when the checkpoint recorded them."""
     zarr = _zarr()
+    where = f"{url}: replay/{index}"
+
+    def array(key: str) -> np.ndarray:
+        arr = group[key]
+        if arr.dtype.kind not in _ALLOWED_KINDS:
+            raise CheckpointError(f"{where}/{key} has dtype {arr.dtype}")
+        value = arr[...]
+        if checksums is not None and checksums.get(key) != _checksum(value):
+            raise CheckpointError(f"{where}/{key} is damaged or missing (checksum mismatch)")
+        return value
+
     try:
         group = zarr.open_group(_open_store(url), mode="r")[f"replay/{index}"]
         scalars = dict(group.attrs["trajectory"])
@@ -321,19 +362,22 @@ def read_trajectory(url: str, index: int) -> Trajectory:
             scalars["slot"] = scalars.pop("actor_id")
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(Trajectory):
-            if f.name in scalars and isinstance(scalars[f.name], list):  # a dict of arrays
-                kwargs[f.name] = {k: group[f"{f.name}/{k}"][...] for k in scalars[f.name]}
+            value = scalars.get(f.name)
+            if f.name in scalars and isinstance(value, list):  # a dict of arrays
+                if not all(isinstance(k, str) and "/" not in k for k in value):
+                    raise CheckpointError(f"{where}/{f.name}: bad keys {value!r}")
+                kwargs[f.name] = {k: array(f"{f.name}/{k}") for k in value}
             elif f.name in scalars:
-                kwargs[f.name] = scalars[f.name]
+                allowed = _SCALAR_TYPES.get(f.name, (type(None),))
+                if isinstance(value, bool) or not isinstance(value, allowed):
+                    raise CheckpointError(f"{where}/{f.name}: unexpected value {value!r}")
+                kwargs[f.name] = value
             else:
-                arr = group[f.name]
-                if arr.dtype.kind not in _ALLOWED_KINDS:
-                    raise CheckpointError(f"{url}: replay/{index}/{f.name} has dtype {arr.dtype}")
-                kwargs[f.name] = arr[...]
+                kwargs[f.name] = array(f.name)
     except CheckpointError:
         raise
     except Exception as e:
-        raise CheckpointError(f"{url}: replay/{index} is damaged or missing: {e}") from None
+        raise CheckpointError(f"{where} is damaged or missing: {e}") from None
     return Trajectory(**kwargs)
 
 

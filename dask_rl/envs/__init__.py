@@ -18,11 +18,11 @@ from gymnasium import spaces
 from gymnasium.envs import registration
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from dask_rl.config.schema import EnvConfig
+from dask_rl.config.schema import EnvConfig, entry_point_text
 
-__all__ = ["make_env", "make_vector_env", "env_spaces", "check_env", "env_family", "is_atari",
-           "reward_threshold", "solved_episodes", "episode_stats", "space_to_dict",
-           "space_from_dict"]
+__all__ = ["make_env", "code_named_by", "make_vector_env", "env_spaces", "check_env",
+           "env_family", "is_atari", "reward_threshold", "solved_episodes", "episode_stats",
+           "space_to_dict", "space_from_dict"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,6 +110,25 @@ def check_env(env: EnvConfig, *, discrete_actions: bool = False) -> str | None:
         return _needs_extra(family, missing)
     if module or discrete_actions:  # yours, or an algorithm that needs Discrete actions
         return _round_trip(env, discrete_actions)
+    return None
+
+
+def code_named_by(env: EnvConfig) -> str | None:
+    """What code ``env`` names beyond Gymnasium's registry, as text (``"entry_point
+    subprocess:run"``), or None when it is an id already registered here, whose maker
+    comes with an installed package and is not named by ``env`` itself.
+
+    A checkpoint's config is data written by whoever wrote the checkpoint: ``evaluate``,
+    ``export`` and ``load_policy`` make its environment only when this is None, or when the
+    user vouches for it (their own pipeline, or a trust flag). Nothing is imported here.
+    """
+    if env.entry_point is not None:
+        return f"entry_point {entry_point_text(env.entry_point)}"
+    if env.id is None or ":" in env.id:
+        return f"id {env.id!r} (imports its module)"
+    _register_optional()
+    if env.id not in gym.registry:
+        return f"id {env.id!r}, which nothing installed here registers"
     return None
 
 

@@ -54,10 +54,10 @@ class RLAdaptive(SchedulerPlugin):
 
     def log_event(self, topic, msg) -> None:
         if topic == LOAD_TOPIC and isinstance(msg, dict) and "run" in msg:
-            self.reports[msg["run"]] = (time.time(), msg)
+            self.reports[msg["run"]] = (time.monotonic(), msg)
 
     def loads(self) -> list[Load]:
-        now = time.time()
+        now = time.monotonic()
         for run in [r for r, (t, _) in self.reports.items() if now - t > STALE_S]:
             del self.reports[run]
         return [Load(rollout_running=m.get("rollouts", 0), ready=m.get("ready", 0),

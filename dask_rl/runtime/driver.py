@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 ALLOCATE_EVERY_S = 5.0  # how often TianJi's allocation is solved again on an adaptive cluster
 LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already in flight
+REPLAY_WRITE_TIMEOUT_S = 120.0  # a checkpoint's replay writes unfinished by then: not published
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ class _Task:
     learner_id: str = ""
     first_use: bool = True    # learner: the trajectory's first learning (not a replay)
     concurrent: int = 0       # learner: learners in flight when it was launched, itself included
-    submitted: float = dataclasses.field(default_factory=time.time)
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
 
 
 class Driver(Trainer):
@@ -108,7 +109,7 @@ class Driver(Trainer):
         self.round_learners: dict[int, str] = {}
         self.trajectory_learner: dict[Future, str] = {}
         self.last_load_report = 0.0
-        self.last_progress = time.time()  # when a task last finished (the stall watchdog)
+        self.last_progress = time.monotonic()  # when a task last finished (the stall watchdog)
         self.last_rescale = 0.0
         self.allocation = None      # TianJi's allocation, on adaptive clusters
         self.last_allocation = 0.0
@@ -145,11 +146,11 @@ class Driver(Trainer):
             self.sampled.load_state(d)
         self.accounting.env_steps_collected = self.env_steps
 
-    def write_extra(self, pending: Pending) -> tuple[int, dict]:
+    def write_extra(self, pending: Pending) -> tuple[list[dict[str, int]], dict]:
         """An off-policy run's replay buffer, written by the workers holding it: IMPACT's
         trajectories with their uses, or a replay buffer's trajectories with their shapes."""
         if not self.cfg.checkpoint.replay_buffer:
-            return 0, {}
+            return [], {}
         if self.replay is not None:
             kept = [(fut, uses) for fut, uses in self.replay.items()
                     if fut.status == "finished"]
@@ -159,20 +160,29 @@ class Driver(Trainer):
                     if fut.status == "finished"]
             key = "replay_shapes"
         else:
-            return 0, {}
+            return [], {}
         if not kept:
-            return 0, {}
-        wait([self.client.submit(write_replay_task, pending.url, i, fut, pure=False)
-              for i, (fut, _) in enumerate(kept)])
-        return len(kept), {key: [extra for _, extra in kept]}
+            return [], {}
+        writes = [self.client.submit(write_replay_task, pending.url, i, fut, pure=False,
+                                     retries=0) for i, (fut, _) in enumerate(kept)]
+        try:
+            # Every write is looked at: one that raised, whose worker died inside it, or that
+            # has not finished in time fails this checkpoint (Trainer.checkpoint keeps the
+            # previous one latest).
+            wait(writes, timeout=REPLAY_WRITE_TIMEOUT_S)   # TimeoutError if one is not done
+            written = [w.result() for w in writes]
+        finally:
+            self.client.cancel(writes)
+        return written, {key: [extra for _, extra in kept]}
 
     def restore_extra(self, name: str, meta: dict) -> None:
         """Reload a checkpoint's replay buffer onto the workers (never through the driver)."""
         url = self.store.url(name)
         count = meta.get("replay", 0)
+        checksums = meta.get("replay_checksums") or [None] * count
 
         def read(i: int) -> Future:
-            return self.client.submit(read_replay_task, url, i, pure=False)
+            return self.client.submit(read_replay_task, url, i, checksums[i], pure=False)
 
         if self.replay is not None:
             uses = meta.get("replay_uses", [])[:count]
@@ -232,7 +242,7 @@ class Driver(Trainer):
             self.policy.resize(slots)
             self.slot_workers = place_slots(self.client, slots)
             self.known_workers = set(self.client.nthreads())
-            self.last_rescale = time.time()
+            self.last_rescale = time.monotonic()
             logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
                         self.run_name, slots, cfg.learner.max_learners, threads,
                         cfg.aggregation.strategy)
@@ -291,7 +301,7 @@ class Driver(Trainer):
             self._failed(fut, task)
             return
         self.failures[task.kind] = 0
-        self.accounting.cycle(task.kind, time.time() - task.submitted)
+        self.accounting.cycle(task.kind, time.monotonic() - task.submitted)
         if task.kind == "rollout":
             self.accounting.rollout_finished(self.cfg.batch_size)
             self.policy.rollout_done(task.slot, fut)
@@ -419,7 +429,7 @@ class Driver(Trainer):
         """Degrade instead of stalling: when nothing finished for ``checkpoint.stall_s`` while
         tasks are in flight, say why (workers paused for memory run nothing); when every
         worker is paused, nothing ever will: end the run with one line."""
-        now = time.time()
+        now = time.monotonic()
         if progressed or not self.inflight:
             self.last_progress = now
             return
@@ -454,7 +464,7 @@ class Driver(Trainer):
 
     def _report_load(self) -> None:
         """Tell the scheduler's adaptive policy what this trainer wants (once a second)."""
-        now = time.time()
+        now = time.monotonic()
         if now - self.last_load_report < 1.0:
             return
         self.last_load_report = now
@@ -482,7 +492,7 @@ class Driver(Trainer):
         max-min LP for the measured task times and run its actor count as rollout slots; the
         load report carries it to the scheduler, which sizes the cluster for it. Each change is
         an ``allocation`` record (shown on the ``/rl`` page)."""
-        now = time.time()
+        now = time.monotonic()
         if now - self.last_allocation < ALLOCATE_EVERY_S:
             return
         self.last_allocation = now
@@ -519,9 +529,9 @@ class Driver(Trainer):
         their own: one is launched per completed trajectory, so more slots mean more
         learners, up to ``learner.max_learners`` (Stellaris' orchestration).
         """
-        if time.time() - self.last_rescale < 1.0:
+        if time.monotonic() - self.last_rescale < 1.0:
             return
-        self.last_rescale = time.time()
+        self.last_rescale = time.monotonic()
         nthreads = self.client.nthreads()
         if not nthreads or set(nthreads) == self.known_workers:
             return

@@ -56,7 +56,7 @@ def tidy_scheduler(dask_scheduler, grace_s: float = GRACE_S) -> dict[str, int]:
     ext = s.extensions.get("spans")
     if ext is None:
         return dropped
-    now = time.time()
+    now = time.monotonic()
     for span in list(ext.spans.values()):
         forget(span.groups)
         collections = (span.metadata or {}).get("collections")
@@ -93,13 +93,13 @@ class Housekeeper:
     def __init__(self, client, every_s: float = EVERY_S):
         self.client = client
         self.every_s = every_s
-        self.last = time.time()
+        self.last = time.monotonic()
         self.enabled = True
 
     def maybe_tidy(self) -> dict[str, int] | None:
-        if not self.enabled or time.time() - self.last < self.every_s:
+        if not self.enabled or time.monotonic() - self.last < self.every_s:
             return None
-        self.last = time.time()
+        self.last = time.monotonic()
         try:
             return self.client.run_on_scheduler(tidy_scheduler)
         except Exception as e:  # an older/newer distributed, or dask-rl missing there

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class PBTDriver(Run):
     :class:`~dask_rl.data.summary.PBTSummary`."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("name", f"pbt-{int(time.time())}")
+        kwargs.setdefault("name", f"pbt-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
         super().__init__(*args, **kwargs)
         self.pop = self.cfg.population
         self.space = {k: (float(lo), float(hi)) for k, (lo, hi) in
@@ -50,24 +51,18 @@ class PBTDriver(Run):
         self.errors: dict[int, BaseException] = {}
 
     def _member_config(self, i: int) -> PipelineConfig:
-        # Each member is an ordinary trainer with its own seed, no population of its own and
-        # its own checkpoint store (never one shared through checkpoint.path).
-        ckpt = self.cfg.checkpoint
-        if ckpt.path is not None:
-            ckpt = dataclasses.replace(ckpt, path=f"{ckpt.path.rstrip('/')}/members/m{i}")
-        return dataclasses.replace(self.cfg, seed=self.cfg.seed * 1000 + i, population=None,
-                                   checkpoint=ckpt)
+        # Each member is an ordinary trainer with its own seed and no population of its own;
+        # as a run of its own it has its own checkpoint store.
+        return dataclasses.replace(self.cfg, seed=self.cfg.seed * 1000 + i, population=None)
 
     def run(self) -> PBTSummary:
-        path = self.cfg.checkpoint.path
-        self.open_run(f"{path.rstrip('/')}/population" if path else None)
-        t0 = self.t0
+        self.open_run()
         try:
             state = self._restore() if self.resume else None
             for i in range(self.pop.members):
                 member = Driver(self.client, self._member_config(i),
                                 self.run_dir / "members" / f"m{i}", resume=self.resume,
-                                name=f"pbt-m{i}-{int(t0)}")
+                                name=f"{self.run_name}-m{i}")
                 if state is None:
                     member.hparams = pbt.sample(self.space, self.rng)
                     self._log({"event": "start", "member": i, "parent": None,
@@ -80,21 +75,21 @@ class PBTDriver(Run):
                        for i in range(self.pop.members)]
             for t in threads:
                 t.start()
-            last_checkpoint = time.time()
+            last_checkpoint = time.monotonic()
             while any(t.is_alive() for t in threads):
                 time.sleep(0.5)
                 for i, member in enumerate(self.members):
                     if i not in self.results and member.env_steps >= self.next_ready[i]:
                         self._ready(i)
-                if time.time() - last_checkpoint >= max(self.cfg.checkpoint.every_s, 1.0):
+                if time.monotonic() - last_checkpoint >= max(self.cfg.checkpoint.every_s, 1.0):
                     self.checkpoint()
-                    last_checkpoint = time.time()
+                    last_checkpoint = time.monotonic()
                 self._report_progress()
             if self.errors:
                 i, err = next(iter(self.errors.items()))
                 raise RuntimeError(f"population member {i} failed: {err!r}") from err
             self.checkpoint()
-            return self._summary(time.time() - t0)
+            return self._summary(time.monotonic() - self.t0)
         finally:
             self.close()
 
@@ -190,7 +185,7 @@ class PBTDriver(Run):
             env_steps=steps, total=self.cfg.stop.env_steps * self.pop.members,
             recent_return=max(returns) if returns else None,
             updates=sum(m.updates for m in self.members),
-            steps_per_s=steps / max(time.time() - self.members[0].t0, 1e-9),
+            steps_per_s=steps / max(time.monotonic() - self.members[0].t0, 1e-9),
             eval_return=max(self.scores.values()) if self.scores else None)
 
     def _summary(self, wall: float) -> PBTSummary:

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client
 
-from dask_rl.checkpoint import CheckpointStore
+from dask_rl.checkpoint import CheckpointStore, StoreLocation
 from dask_rl.config import ConfigError, PipelineConfig
 from dask_rl.control.schedule import RECENT_EPISODES, target_confirmed
 from dask_rl.data import Evaluation, Progress
@@ -105,7 +105,7 @@ class Run(abc.ABC):
         self.target_hit = False            # a screening reached the target: confirm it
         self.confirmation: Evaluation | None = None   # the confirming evaluation, if any
         self.stop_reason: str | None = None
-        self.t0 = time.time()
+        self.t0 = time.monotonic()
         self.screenings: list[float] = []   # screening returns in order (sweeps prune on them)
         self.trackers: Trackers | None = None   # TensorBoard / MLflow, if the pipeline asks
         self.ended = False                       # the end record was written
@@ -114,9 +114,11 @@ class Run(abc.ABC):
     def run(self) -> RunSummary:
         """Train until a stop condition holds; the summary (``summary.json``)."""
 
-    def open_run(self, store_path: str | os.PathLike | None = None) -> None:
-        """Create the run directory, its metrics log and its checkpoint store."""
-        self.t0 = time.time()
+    def open_run(self) -> None:
+        """Create the run directory, its metrics log and its checkpoint store (the run's own:
+        :class:`~dask_rl.checkpoint.StoreLocation`; a resumed run finds it through
+        ``RUN_DIR/store.json``)."""
+        self.t0 = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         register_torch_sizeof()
         if self.cfg.logging.tensorboard or self.cfg.logging.mlflow is not None:
@@ -127,8 +129,16 @@ class Run(abc.ABC):
                                   f"{' '.join(str(e).split())[:300]}") from None
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", sink=self._publish,
                                   run=self.run_name)
-        self.store = CheckpointStore(store_path or self.run_dir / "checkpoints",
-                                     keep=self.cfg.checkpoint.keep)
+        path = self.cfg.checkpoint.path
+        where = StoreLocation.find(self.run_dir, checkpoint_path=path) if self.resume else None
+        if where is None:
+            where = StoreLocation.create(self.run_dir, checkpoint_path=path)
+        elif path is not None and where.run_id is not None \
+                and not where.path.startswith(path if "://" in path else os.path.abspath(path)):
+            logger.warning("checkpoint.path is %s, but this run's checkpoints are in %s: "
+                           "resuming there", path, where.path)
+        self.store_location = where
+        self.store = CheckpointStore(where.path, keep=self.cfg.checkpoint.keep)
 
     def _publish(self, record: dict) -> None:
         if self.trackers is not None:
@@ -163,7 +173,7 @@ class Run(abc.ABC):
 
     # ---- counters ------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return time.time() - self.t0 + self.wall_offset
+        return time.monotonic() - self.t0 + self.wall_offset
 
     def steps_per_s(self, env_steps: int | None = None) -> float:
         """Env steps per second of this session (a resumed run counts from its resume)."""
@@ -292,7 +302,8 @@ class Run(abc.ABC):
             try:
                 from dask_rl.policy import export, policy_from_store
 
-                path = export(policy_from_store(self.store), self.run_dir / "policy.pt")
+                path = export(policy_from_store(self.store, cfg=self.cfg),
+                              self.run_dir / "policy.pt")
                 artifacts = [(path, "policy"), (Path(f"{path}.json"), "policy")]
             except Exception as e:  # no checkpoint yet, or the export failed: say so, go on
                 logger.warning("no policy for MLflow: %s", e)

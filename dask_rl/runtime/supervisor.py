@@ -62,7 +62,7 @@ class ActorSupervisor:
         self.target_every = target_every
         self.workers = workers
         self.generation = itertools.count()
-        self.last_beat = time.time()
+        self.last_beat = time.monotonic()
         self.handle = self._create()
 
     def _create(self, avoid: str | None = None) -> ActorHandle:
@@ -111,9 +111,9 @@ class ActorSupervisor:
             return False
 
     def heartbeat_due(self) -> bool:
-        if time.time() - self.last_beat < self.cfg.checkpoint.heartbeat_s:
+        if time.monotonic() - self.last_beat < self.cfg.checkpoint.heartbeat_s:
             return False
-        self.last_beat = time.time()
+        self.last_beat = time.monotonic()
         return True
 
     def replace(self) -> ActorHandle:

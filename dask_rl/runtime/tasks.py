@@ -177,19 +177,20 @@ def evaluate_task(run: str, actor: Any, episodes: int, seed: int) -> Evaluation:
     return evaluate(state.cfg, snapshot, episodes=episodes, seed=seed)
 
 
-def write_replay_task(url: str, index: int, traj: Trajectory) -> int:
-    """Write a replay-buffer trajectory into a pending checkpoint, from its worker."""
+def write_replay_task(url: str, index: int, traj: Trajectory) -> dict[str, int]:
+    """Write a replay-buffer trajectory into a pending checkpoint, from its worker; the
+    checksums of what it wrote."""
     from dask_rl.checkpoint import write_trajectory
 
-    write_trajectory(url, index, traj)
-    return traj.nbytes
+    return write_trajectory(url, index, traj)
 
 
-def read_replay_task(url: str, index: int) -> Trajectory:
+def read_replay_task(url: str, index: int, checksums: dict[str, int] | None = None
+                     ) -> Trajectory:
     """Read a checkpointed replay-buffer trajectory back into worker memory."""
     from dask_rl.checkpoint import read_trajectory
 
-    return read_trajectory(url, index)
+    return read_trajectory(url, index, checksums)
 
 
 def es_evaluate_task(run: str, actor: Any, version: int, indices,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dask_rl.checkpoint import Pending
+from dask_rl.checkpoint import CheckpointError, Pending
 from dask_rl.config import public_dict
 from dask_rl.data import Evaluation
 from dask_rl.envs import env_spaces, space_to_dict
@@ -32,7 +32,7 @@ from dask_rl.runtime.cluster import rl_page
 from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.housekeeping import Housekeeper
 from dask_rl.runtime.plugins import RunState
-from dask_rl.runtime.run import Run
+from dask_rl.runtime.run import Run, RunFailed
 from dask_rl.runtime.supervisor import ActorSupervisor
 
 logger = logging.getLogger(__name__)
@@ -82,9 +82,11 @@ class Trainer(Run):
     def load_driver_state(self, state: dict[str, Any]) -> None:
         pass
 
-    def write_extra(self, pending: Pending) -> tuple[int, dict]:
-        """Bulk state written by workers into a pending checkpoint: (count, meta)."""
-        return 0, {}
+    def write_extra(self, pending: Pending) -> tuple[list[dict[str, int]], dict]:
+        """Bulk state written by workers into a pending checkpoint: the checksums of each
+        trajectory written (:func:`~dask_rl.checkpoint.write_trajectory`), and meta. Raise
+        if any write failed: the checkpoint is then not published."""
+        return [], {}
 
     def restore_extra(self, name: str, meta: dict[str, Any]) -> None:
         pass
@@ -111,8 +113,8 @@ class Trainer(Run):
 
     def open(self) -> None:
         cfg = self.cfg
-        self.open_run(cfg.checkpoint.path)
-        self.last_checkpoint = time.time()
+        self.open_run()
+        self.last_checkpoint = time.monotonic()
         params, moments = self.initial_params()
         self.num_params = len(params)
         self._register_plugin(RunState(self.run_name, cfg, **self.plugin_options()))
@@ -126,7 +128,7 @@ class Trainer(Run):
             self._restore()
         elif self.checkpoint() is None:  # recovery always has a checkpoint to return to
             raise RuntimeError(f"cannot write the first checkpoint to {self.store.root}")
-        self.last_checkpoint = time.time()
+        self.last_checkpoint = time.monotonic()
 
     @property
     def actor(self) -> ActorHandle:
@@ -135,7 +137,7 @@ class Trainer(Run):
     # ---- checkpoints ---------------------------------------------------------------------------
     def maybe_checkpoint(self) -> None:
         every = self.cfg.checkpoint.every_s
-        if every > 0 and time.time() - self.last_checkpoint >= every:
+        if every > 0 and time.monotonic() - self.last_checkpoint >= every:
             self.checkpoint()
 
     def checkpoint(self) -> str | None:
@@ -149,17 +151,21 @@ class Trainer(Run):
         actor_state = self.actor_call("state_dict")
         try:
             return self._write_checkpoint(actor_state, t0)
-        except OSError as e:  # the store's writes only: the actor's state is already here
-            self.last_checkpoint = time.time()
+        except RunFailed:
+            raise
+        except Exception as e:  # OSError, Zarr's own errors, a replay write that failed...
+            # the actor's state is already here and nothing was published: keep the previous
+            self.last_checkpoint = time.monotonic()
             self.checkpoint_failures += 1
-            logger.warning("could not write a checkpoint (%s); the previous one is kept", e)
-            self.metrics.write("checkpoint_failed", {"error": repr(e),
+            logger.warning("could not write a checkpoint (%s); the previous one is kept",
+                           " ".join(f"{type(e).__name__}: {e}".split())[:300])
+            self.metrics.write("checkpoint_failed", {"error": repr(e)[:1000],
                                                      "env_steps": self.env_steps})
             return None
 
     def _write_checkpoint(self, actor_state: dict, t0: float) -> str:
         pending = self.store.begin()
-        count, extra_meta = self.write_extra(pending)
+        written, extra_meta = self.write_extra(pending)
         driver = {"env_steps": self.env_steps, "evals": self.evals, "wall_s": self.elapsed(),
                   "best_return": self.best_return, "recoveries": self.recoveries,
                   "episodes": self.episodes, "recent_returns": list(self.returns),
@@ -167,12 +173,13 @@ class Trainer(Run):
                   "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
                   **self.driver_state()}
         meta = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
+                "run_id": self.store_location.run_id,
                 "config": public_dict(self.cfg), "spaces": self.spaces(),
                 "env_steps": self.env_steps,
                 "updates": actor_state["version"], "time": time.time(), **extra_meta}
         name = self.store.commit(pending, {"actor": actor_state, "driver": driver}, meta=meta,
-                                 replay=count)
-        self.last_checkpoint = time.time()
+                                 replay=len(written), replay_checksums=written)
+        self.last_checkpoint = time.monotonic()
         self.metrics.write("checkpoint", {"name": name, "seconds": time.perf_counter() - t0,
                                           "env_steps": self.env_steps,
                                           "updates": actor_state["version"]})
@@ -180,16 +187,31 @@ class Trainer(Run):
 
     def load_checkpoint(self) -> tuple[dict, dict, str]:
         """The newest good checkpoint of this run, loaded into the parameter actor."""
-        state, meta, name = self.store.load_latest_good(
-            expect={"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
-                    "num_params": self.num_params})
+        expect = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
+                  "num_params": self.num_params}
+        if self.store_location.run_id is not None:  # never another run's checkpoint
+            expect["run_id"] = self.store_location.run_id
+        state, meta, name = self.store.load_latest_good(expect=expect)
         self.actor.call("load_state_dict", state["actor"])
         self.updates = int(state["actor"]["version"])
         self.restore_extra(name, meta)
         return state, meta, name
 
     def _restore(self) -> None:
-        state, _, name = self.load_checkpoint()
+        # guarded like every other actor call: the actor's worker may die while it loads
+        for attempt in range(self.cfg.checkpoint.max_recoveries + 1):
+            try:
+                state, _, name = self.load_checkpoint()
+                break
+            except CheckpointError:
+                raise
+            except Exception as e:
+                if attempt == self.cfg.checkpoint.max_recoveries or self.supervisor.alive(
+                        timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
+                    raise
+                logger.warning("the parameter actor was lost while resuming (%s); again on "
+                               "a new one", type(e).__name__)
+                self.supervisor.replace()
         d = state["driver"]
         self.env_steps = self.env_steps_offset = int(d["env_steps"])
         self.evals = int(d["evals"])
@@ -248,7 +270,7 @@ class Trainer(Run):
         """
         self.check_scheduler()
         cfg = self.cfg.checkpoint
-        now = time.time()
+        now = time.monotonic()
         self.loss_times.append(now)
         while self.loss_times and now - self.loss_times[0] > cfg.recovery_window_s:
             self.loss_times.popleft()

@@ -84,12 +84,13 @@ def test_replay_data_written_beside_the_state(tmp_path, root):
     store = CheckpointStore(tmp_path / "ck" if root == "local" else root)
     pending = store.begin()
     traj = _trajectory()
-    write_trajectory(pending.url, 0, traj)
-    write_trajectory(pending.url, 1, traj)
-    name = store.commit(pending, _state(2), meta={"algorithm": "impact"}, replay=2)
+    sums = [write_trajectory(pending.url, 0, traj), write_trajectory(pending.url, 1, traj)]
+    name = store.commit(pending, _state(2), meta={"algorithm": "impact"}, replay=2,
+                        replay_checksums=sums)
     state, meta = store.load()
     assert meta["replay"] == 2 and state["actor"]["version"] == 2
-    back = read_trajectory(store.url(name), 1)
+    assert meta["replay_checksums"] == sums and "obs" in sums[0] and "moments/obs" in sums[0]
+    back = read_trajectory(store.url(name), 1, meta["replay_checksums"][1])
     np.testing.assert_array_equal(back.obs, traj.obs)
     np.testing.assert_array_equal(back.moments["obs"], traj.moments["obs"])
     assert back.policy_version == 7 and back.collect_s == 0.25
@@ -138,10 +139,85 @@ def test_replay_written_before_the_slot_was_named_still_reads(tmp_path):
 
     store = CheckpointStore(tmp_path / "ck")
     pending = store.begin()
-    write_trajectory(pending.url, 0, dataclasses.replace(_trajectory(), slot=3))
+    sums = [write_trajectory(pending.url, 0, dataclasses.replace(_trajectory(), slot=3))]
     group = zarr.open_group(pending.url, mode="a")["replay/0"]
     scalars = dict(group.attrs["trajectory"])
     scalars["actor_id"] = scalars.pop("slot")  # the field's name until the layout change
     group.attrs["trajectory"] = scalars
-    name = store.commit(pending, _state(1), meta={"algorithm": "impact"}, replay=1)
+    name = store.commit(pending, _state(1), meta={"algorithm": "impact"}, replay=1,
+                        replay_checksums=sums)
     assert read_trajectory(store.url(name), 0).slot == 3
+
+
+def test_a_replay_commit_needs_every_writes_checksums(tmp_path):
+    from dask_rl.checkpoint import write_trajectory
+
+    store = CheckpointStore(tmp_path / "ck")
+    store.save(_state(1), meta={"algorithm": "impact"})
+    pending = store.begin()
+    sums = [write_trajectory(pending.url, 0, _trajectory())]   # the second write never came
+    with pytest.raises(CheckpointError, match="2 replay trajectories written, checksums for 1"):
+        store.commit(pending, _state(2), meta={"algorithm": "impact"}, replay=2,
+                     replay_checksums=sums)
+    state, _ = store.load()
+    assert state["actor"]["version"] == 1   # the previous checkpoint is still latest
+
+
+def test_replay_reads_check_checksums_and_every_dtype(tmp_path):
+    import zarr
+
+    from dask_rl.checkpoint import read_trajectory, write_trajectory
+
+    store = CheckpointStore(tmp_path / "ck")
+    pending = store.begin()
+    sums = [write_trajectory(pending.url, i, _trajectory()) for i in range(4)]
+    name = store.commit(pending, _state(1), meta={"algorithm": "impact"}, replay=4,
+                        replay_checksums=sums)
+    url = store.url(name)
+    root = zarr.open_group(url, mode="a")
+    # 0: an array's bytes changed after the checksum was taken (a torn or altered write)
+    root["replay/0/rewards"][0, 0] = 99.0
+    zarr.consolidate_metadata(url)
+    with pytest.raises(CheckpointError, match="replay/0/rewards is damaged"):
+        read_trajectory(url, 0, sums[0])
+    # 1: a moments entry (the dict-of-arrays branch) replaced by an object array
+    del root["replay/1/moments/obs"]
+    root["replay/1"].create_array("moments/obs", shape=(1,), dtype=str)
+    zarr.consolidate_metadata(url)
+    with pytest.raises(CheckpointError, match="moments/obs has dtype"):
+        read_trajectory(url, 1, sums[1])
+    # 2: a scalar attribute that is not what a Trajectory holds
+    group = root["replay/2"]
+    attrs = dict(group.attrs["trajectory"])
+    attrs["policy_version"] = {"__class__": "os.system"}
+    group.attrs["trajectory"] = attrs
+    zarr.consolidate_metadata(url)
+    with pytest.raises(CheckpointError, match="policy_version: unexpected value"):
+        read_trajectory(url, 2, sums[2])
+    # 3: untouched, reads back
+    assert read_trajectory(url, 3, sums[3]).policy_version == 7
+
+
+def test_a_run_owns_its_store_under_a_shared_path(tmp_path):
+    from dask_rl.checkpoint import StoreLocation, StoreLocationError
+
+    shared = tmp_path / "shared"
+    a = StoreLocation.create(tmp_path / "runs" / "a", checkpoint_path=str(shared))
+    b = StoreLocation.create(tmp_path / "runs" / "b", checkpoint_path=str(shared))
+    assert a.path != b.path and a.run_id != b.run_id
+    assert a.path.startswith(str(shared)) and a.run_id.startswith("a-")
+    assert StoreLocation.find(tmp_path / "runs" / "a") == a
+    # the default lives in the run directory, recorded relative to it (the run can move)
+    c = StoreLocation.create(tmp_path / "runs" / "c")
+    (tmp_path / "runs" / "c").rename(tmp_path / "moved")
+    assert StoreLocation.find(tmp_path / "moved").path == str(tmp_path / "moved" / "checkpoints")
+    assert StoreLocation.find(tmp_path / "moved").run_id == c.run_id
+    # older run directories: checkpoints/ if there, else the shared path; else nothing
+    (tmp_path / "old" / "checkpoints").mkdir(parents=True)
+    assert StoreLocation.find(tmp_path / "old") == StoreLocation(
+        str(tmp_path / "old" / "checkpoints"), None)
+    assert StoreLocation.find(tmp_path / "none") is None
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "store.json").write_text('{"path": 3}')
+    with pytest.raises(StoreLocationError, match="not a dask-rl store record"):
+        StoreLocation.find(tmp_path / "bad")

@@ -47,7 +47,7 @@ def test_resume_needs_a_run_dir(pipelines, capsys):
 
 def test_evaluate_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path)]) == 2
-    assert "no checkpoints/" in capsys.readouterr().err
+    assert "no checkpoints here" in capsys.readouterr().err
 
 
 def test_evaluate_a_checkpoint(tmp_path, capsys):
