@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ from dask_rl.config import ConfigError, PipelineConfig, from_dict
 from dask_rl.data import PolicySnapshot
 from dask_rl.envs import code_named_by, env_spaces, is_atari, make_env, space_from_dict
 from dask_rl.models import load_snapshot, make_model, make_policy
+
+logger = logging.getLogger(__name__)
 
 FORMATS = ("torchscript", "onnx")
 
@@ -234,7 +237,7 @@ def checkpoint_config(meta: dict[str, Any], pipeline: PipelineConfig | None = No
                       ) -> PipelineConfig:
     """The config a checkpoint was written with, read as data (no environment is checked,
     nothing is imported); with ``pipeline`` (the user's), that pipeline, once it is shown to
-    be the checkpoint's algorithm on the checkpoint's environment."""
+    be the checkpoint's algorithm (its environment is the user's choice)."""
     saved = meta.get("config")
     if not isinstance(saved, dict):
         raise ConfigError("the checkpoint records no pipeline config")
@@ -244,11 +247,12 @@ def checkpoint_config(meta: dict[str, Any], pipeline: PipelineConfig | None = No
         raise ConfigError(f"the checkpoint's config is not valid here: {e}") from None
     if pipeline is None:
         return cfg
-    for what, mine, theirs in (("algo.name", pipeline.algo.name, cfg.algo.name),
-                               ("env", pipeline.env.name, cfg.env.name)):
-        if mine != theirs:
-            raise ConfigError(f"--pipeline: its {what} is {mine!r}, the checkpoint's is "
-                              f"{theirs!r}")
+    if pipeline.algo.name != cfg.algo.name:
+        raise ConfigError(f"--pipeline: its algo.name is {pipeline.algo.name!r}, the "
+                          f"checkpoint's is {cfg.algo.name!r}")
+    if pipeline.env.name != cfg.env.name:   # yours to choose (a variant, a local copy)
+        logger.warning("the checkpoint was trained on %s; using your pipeline's %s",
+                       cfg.env.name, pipeline.env.name)
     return pipeline
 
 
