@@ -257,7 +257,9 @@ class KubernetesConfig:
     parameter_memory: str = option("4Gi", "memory per parameter worker")
     scheduler_memory: str = option("2Gi", "memory of the scheduler")
     env: dict = option(doc="environment variables for every pod: NAME: value, or NAME: "
-                           "{secretKeyRef: {name: ..., key: ...}} to read a Kubernetes Secret",
+                           "{secretKeyRef: {name: ..., key: ...}} to read a Kubernetes Secret; "
+                           "credentials only as secretKeyRef (a literal that looks like one "
+                           "is refused)",
                        default_factory=dict)
     tls_secret: str | None = option(None, "a Kubernetes Secret with ca.crt, tls.crt and tls.key: "
                                           "scheduler, workers and the job then talk TLS only, "

@@ -226,7 +226,8 @@ def test_rendered_tls_settings_make_a_real_scheduler_and_worker_talk_tls_only(tm
     secret_dir.mkdir()
     for src, name in (("ca", "ca.crt"), ("cert", "tls.crt"), ("key", "tls.key")):
         (secret_dir / name).write_bytes(Path(tls[src]).read_bytes())
-    cfg = load_pipeline(ROOT / "k8s" / "pipeline.yaml", ["cluster.kubernetes.tls_secret=dask-tls"])
+    cfg = load_pipeline(ROOT / "k8s" / "pipeline.yaml", ["cluster.kubernetes.tls_secret=dask-tls",
+                                                         "cluster.adapt=null"])
     [cluster] = [d for d in k8s.render(cfg) if d["kind"] == "DaskCluster"]
     sched = cluster["spec"]["scheduler"]["spec"]["containers"][0]
     worker = cluster["spec"]["worker"]["spec"]["containers"][0]
