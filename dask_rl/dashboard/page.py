@@ -11,6 +11,7 @@ preload) and ``dask-rl dashboard RUN_DIR``.
 
 from __future__ import annotations
 
+import html
 from typing import Any, Callable
 
 from bokeh.layouts import column, row
@@ -122,14 +123,7 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
         run = runs.get(run_select.value)
         if run is None:
             return
-        info, latest = run["info"], run["latest"]
-        header.text = (f"<b>{run['run']}</b>: {info.get('algorithm')} on {info.get('env_id')}"
-                       f" ({info.get('strategy')}) &middot; env steps "
-                       f"{latest.get('env_steps', 0)} &middot; updates "
-                       f"{latest.get('updates')} &middot; return {_fmt(latest.get('return'))}"
-                       f" &middot; greedy {_fmt(latest.get('eval_return'))} &middot; "
-                       f"{_fmt(latest.get('steps_per_s'), 0)} steps/s"
-                       + _allocation_text(latest.get("allocation")))
+        header.text = header_html(run, skipped=sum(snap.get("skipped", {}).values()))
         s = run["series"]
         train = s.get("train", [])
         train_src.data = {"wall_s": [p["wall_s"] for p in train],
@@ -158,8 +152,7 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
         rec_src.data = {"env_steps": [p["env_steps"] for p in recs], "y": [0.0] * len(recs)}
         pop = [r for n in names for r in runs[n]["population"]]
         pop_src.data = {"member": [r["member"] for r in pop],
-                        "hparams": [", ".join(f"{k}={v:.3g}" for k, v in r["hparams"].items())
-                                    for r in pop],
+                        "hparams": [_hparams_text(r["hparams"]) for r in pop],
                         "score": [r["score"] for r in pop],
                         "parent": ["-" if r["parent"] is None else r["parent"] for r in pop],
                         "env_steps": [r.get("env_steps") for r in pop]}
@@ -181,18 +174,47 @@ def build(doc: Any, snapshot: Callable[[], dict], *, title: str = "dask-rl",
         doc.theme = theme
 
 
+def header_html(run: dict, *, skipped: int = 0) -> str:
+    """The header of the selected run (a :meth:`RunViews.snapshot` entry), as HTML.
+
+    Every value in it is escaped: run, algorithm and environment names are the user's (a
+    registered algorithm, an entry point) or come from a file anyone can hand over, and the
+    ``Div`` renders its text as markup.
+    """
+    info, latest = run.get("info") or {}, run.get("latest") or {}
+    text = (f"<b>{_esc(run.get('run'))}</b>: {_esc(info.get('algorithm'))} on "
+            f"{_esc(info.get('env_id'))} ({_esc(info.get('strategy'))}) &middot; env steps "
+            f"{_esc(latest.get('env_steps', 0))} &middot; updates "
+            f"{_esc(latest.get('updates'))} &middot; return {_esc(_fmt(latest.get('return')))}"
+            f" &middot; greedy {_esc(_fmt(latest.get('eval_return')))} &middot; "
+            f"{_esc(_fmt(latest.get('steps_per_s'), 0))} steps/s"
+            + _allocation_text(latest.get("allocation")))
+    if skipped:
+        text += f" &middot; {int(skipped)} records skipped (not understood)"
+    return text
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
 def _allocation_text(a: dict | None) -> str:
     if not a:
         return ""
-    return (f" &middot; TianJi allocation: rollout slots {a.get('actors')}, "
-            f"learners {a.get('learners')} ({a.get('bound')}-bound)")
+    return (f" &middot; TianJi allocation: rollout slots {_esc(a.get('actors'))}, "
+            f"learners {_esc(a.get('learners'))} ({_esc(a.get('bound'))}-bound)")
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
+def _hparams_text(hparams: dict) -> str:
+    """``lr=0.0002, clip=0.2``; a value that is not a number (a choice) as it is."""
+    return ", ".join(f"{k}={_fmt(v, 3, 'g')}" for k, v in hparams.items())
+
+
+def _fmt(value: Any, digits: int = 1, style: str = "f") -> str:
+    """A number to ``digits``; anything else as its text (not escaped)."""
     if value is None:
         return "-"
-    try:
-        return f"{float(value):.{digits}f}"
-    except (TypeError, ValueError):
-        return str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{float(value):.{digits}{style}}"
+    return str(value)
 

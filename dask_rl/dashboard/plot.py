@@ -1,27 +1,43 @@
 """``dask-rl plot``: learning curves of one or several runs, for papers and issues.
 
 Two panels: return against environment steps and against wall time; per run the recent
-training return (a line) and its greedy evaluations (dots). Reads ``metrics.jsonl`` only.
+training return (a line) and its greedy evaluations (dots). Reads ``metrics.jsonl`` only, and
+passes over what it cannot use there, as the dashboard does; run directory names are shown as
+they are (matplotlib would read ``$...$`` in them as math, and fail on what is not).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dask_rl.data.metrics import read_metrics
+from dask_rl.dashboard.state import number, parse_line
+
+
+def _records(path: Path) -> list[dict]:
+    with open(path, "rb") as f:
+        return [rec for rec, _ in map(parse_line, f) if isinstance(rec, dict)]
+
+
+def _values(records: list[dict], key: str) -> list[float]:
+    """One field of each record; NaN (a gap in the line) where it is not a number."""
+    return [float("nan") if number(r.get(key)) is None else float(r[key]) for r in records]
 
 
 def curves(run_dir: Path) -> dict:
     """A run's training and evaluation curves, as lists."""
-    records = read_metrics(Path(run_dir) / "metrics.jsonl")
-    train = [r for r in records if r["kind"] in ("learner", "generation")
-             and r.get("charts/return_recent") is not None]
-    evals = [r for r in records if r["kind"] == "eval"]
-    return {"steps": [r["env_steps"] for r in train], "wall": [r["wall_s"] for r in train],
-            "return": [r["charts/return_recent"] for r in train],
-            "eval_steps": [r["env_steps"] for r in evals],
-            "eval_wall": [r["wall_s"] for r in evals],
-            "eval_return": [r["mean_return"] for r in evals]}
+    records = _records(Path(run_dir) / "metrics.jsonl")
+    train = [r for r in records if r.get("kind") in ("learner", "generation")
+             and number(r.get("charts/return_recent")) is not None]
+    evals = [r for r in records if r.get("kind") == "eval"
+             and number(r.get("mean_return")) is not None]
+    return {"steps": _values(train, "env_steps"), "wall": _values(train, "wall_s"),
+            "return": _values(train, "charts/return_recent"),
+            "eval_steps": _values(evals, "env_steps"), "eval_wall": _values(evals, "wall_s"),
+            "eval_return": _values(evals, "mean_return")}
+
+
+def _label(name: str) -> str:
+    return name.replace("$", r"\$")
 
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None = None) -> Path:
@@ -38,7 +54,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None 
             raise FileNotFoundError(f"{d}: no metrics.jsonl (is it a run directory?)")
         c = curves(d)
         color = f"C{i}"
-        label = d.name
+        label = _label(d.name)
         by_steps.plot(c["steps"], c["return"], color=color, label=label)
         by_steps.scatter(c["eval_steps"], c["eval_return"], color=color, s=16, marker="o")
         by_time.plot(c["wall"], c["return"], color=color, label=label)

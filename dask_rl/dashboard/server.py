@@ -1,8 +1,9 @@
 """``dask-rl dashboard RUN_DIR``: the ``/rl`` page for a finished or running run, off-cluster.
 
 A standalone Bokeh server (bound to 127.0.0.1 unless told otherwise) that follows the run's
-``metrics.jsonl`` files (a population's members too) and draws the same page as the Dask
-dashboard, with the same JSON at ``/rl/metrics.json``.
+``metrics.jsonl`` files (a population's members too; :class:`~dask_rl.dashboard.state.FileFollower`,
+which skips and counts what it cannot use) and draws the same page as the Dask dashboard, with
+the same JSON at ``/rl/metrics.json``.
 """
 
 from __future__ import annotations
@@ -17,41 +18,9 @@ from bokeh.server.server import Server
 from tornado import web
 
 from dask_rl.dashboard.page import build
-from dask_rl.dashboard.state import RunViews
+from dask_rl.dashboard.state import FileFollower, RunViews
 
 logger = logging.getLogger(__name__)
-
-
-class FileFollower:
-    """Reads new complete lines of every ``metrics.jsonl`` under the given run directories."""
-
-    def __init__(self, run_dirs: list[Path], views: RunViews):
-        self.run_dirs = [Path(d) for d in run_dirs]
-        self.views = views
-        self.offsets: dict[Path, int] = {}
-
-    def poll(self) -> int:
-        added = 0
-        for d in self.run_dirs:
-            for path in sorted(d.rglob("metrics.jsonl")):
-                added += self._read(path)
-        return added
-
-    def _read(self, path: Path) -> int:
-        start = self.offsets.get(path, 0)
-        with open(path, "rb") as f:
-            f.seek(start)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
-        n = 0
-        for line in chunk[:end].splitlines():
-            try:
-                self.views.add(json.loads(line))
-                n += 1
-            except json.JSONDecodeError:
-                continue
-        self.offsets[path] = start + end
-        return n
 
 
 def make_server(run_dirs: list[str | Path], *, address: str = "127.0.0.1",

@@ -16,6 +16,21 @@ import urllib.request
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+# Every element of the page, shadow roots included (Bokeh draws its widgets inside them, where
+# document.querySelectorAll does not look).
+DEEP_ELEMENTS = """(() => {
+    const out = [];
+    const walk = (root) => {
+        for (const el of root.querySelectorAll("*")) {
+            out.push(el);
+            if (el.shadowRoot) walk(el.shadowRoot);
+        }
+    };
+    walk(document);
+    return out;
+})()"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,6 +82,15 @@ class Chromium:
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True,
                            awaitPromise=True)
         return result.get("result", {}).get("value")
+
+    def wait_for(self, expression: str, timeout: float = 60.0, every: float = 0.5):
+        """The first truthy value of ``expression``; the last value if none came in time."""
+        deadline = time.time() + timeout
+        while True:
+            value = self.evaluate(expression)
+            if value or time.time() > deadline:
+                return value
+            time.sleep(every)
 
     def screenshot(self, path) -> None:
         data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)

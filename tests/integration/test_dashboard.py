@@ -162,3 +162,102 @@ def test_plot_and_standalone_dashboard_from_two_runs(local_client, tmp_path):
     finally:
         server.terminate()
         server.wait()
+
+
+MARKUP_RUN = '<img src=x onerror="window.__owned = 1">'
+MARKUP_ALGO = '<script>window.__owned = 2</script><svg onload="window.__owned = 3">'
+
+
+def _markup_record(kind: str, **fields) -> bytes:
+    return (json.dumps({"kind": kind, "run": MARKUP_RUN, **fields}) + "\n").encode()
+
+
+def _learner(i: int) -> bytes:
+    return _markup_record("learner", time=2.0 + i, env_steps=512 * (i + 1), wall_s=1.0 + i,
+                          updates=i + 1, steps_per_s=800.0, **{"charts/return_recent": 9.0 * i})
+
+
+def _wait_json(url: str, ready, timeout: float = 60):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            snap = json.loads(_get(url)[1])
+            if ready(snap):
+                return snap
+        except OSError:
+            pass
+        assert time.time() < deadline, f"{url} did not get there in {timeout} s"
+        time.sleep(0.3)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+def test_names_with_markup_show_as_text_and_bad_lines_do_not_stop_the_page(tmp_path):
+    """A run dir handed over by someone else: its names are text, its junk is skipped."""
+    from browser import DEEP_ELEMENTS, Chromium, free_port
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_bytes(
+        _markup_record("run", event="start", time=1.0,
+                       config={"algo": {"name": MARKUP_ALGO},
+                               "env": {"entry_point": "toy:<i>Grid</i>"}})
+        + _learner(0)
+        + b"not json at all\n"
+        + _markup_record("a_kind_from_the_future", phase="evaluation")
+        + _markup_record("lineage", member="first")
+        + _learner(1))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "dask_rl.cli", "dashboard", str(run_dir),
+                               "--port", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    browser = None
+    try:
+        url = f"http://127.0.0.1:{port}/rl/metrics.json"
+        snap = _wait_json(url, lambda s: s["records"] == 3)
+        assert snap["skipped"] == {"not JSON": 1, "unknown kind": 1, "bad fields": 1}
+        browser = Chromium()
+        browser.goto(f"http://127.0.0.1:{port}/rl")
+        page = f"""(() => {{
+            const all = {DEEP_ELEMENTS};
+            const d = (window.Bokeh && Bokeh.documents) ? Bokeh.documents[0] : null;
+            const header = all.find(el => el.tagName === "B" && el.parentElement
+                                    && el.parentElement.textContent.includes("steps/s"));
+            return {{owned: window.__owned === undefined ? null : window.__owned,
+                     injected: all.filter(el => el.tagName === "IMG"
+                         || el.hasAttribute("onerror") || el.hasAttribute("onload")
+                         || (el.tagName === "SCRIPT" && el.textContent.includes("__owned"))
+                         || (el.tagName === "I" && el.textContent === "Grid"))
+                         .map(el => el.tagName),
+                     header: header ? header.parentElement.textContent : null,
+                     options: all.filter(el => el.tagName === "OPTION")
+                                 .map(el => el.textContent),
+                     train: d && d.get_model_by_name("train")
+                            ? d.get_model_by_name("train").data["wall_s"].length : -1}};
+        }})()"""
+        state = browser.wait_for(f"(() => {{ const s = {page}; "
+                                 f"return s.header && s.train === 2 ? s : null; }})()")
+        assert state, browser.evaluate(page)
+        time.sleep(2)  # an injected <img> would have failed to load and run its onerror by now
+        state = browser.evaluate(page)
+        assert state["owned"] is None, state
+        assert state["injected"] == [], state
+        assert MARKUP_RUN in state["header"] and MARKUP_ALGO in state["header"], state
+        assert "toy:<i>Grid</i>" in state["header"], state
+        assert "3 records skipped" in state["header"], state
+        assert state["options"] == [MARKUP_RUN], state
+
+        # the run goes on writing, a torn line among its records: the page follows
+        with open(metrics, "ab") as f:
+            f.write(_learner(2) + b'{"kind": "learner", "ru' + _learner(3) + _learner(4))
+        state = browser.wait_for(f"(() => {{ const s = {page}; "
+                                 f"return s.train === 5 ? s : null; }})()")
+        assert state, browser.evaluate(page)
+        assert state["owned"] is None and state["injected"] == [], state
+        snap = json.loads(_get(url)[1])
+        assert snap["records"] == 6 and snap["skipped"]["not JSON"] == 2
+    finally:
+        if browser is not None:
+            browser.close()
+        server.terminate()
+        server.wait()
