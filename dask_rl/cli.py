@@ -38,13 +38,20 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     e = sub.add_parser("evaluate", help="greedy evaluation of a run's latest checkpoint")
-    e.add_argument("run_dir", help="a run directory (with checkpoints/)")
+    e.add_argument("run_dir", help="a run directory, its checkpoint store or one checkpoint")
     e.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     e.add_argument("--seed", type=int, default=12345, help="evaluation seed")
+    x = sub.add_parser("export", help="write a run's policy as TorchScript or ONNX")
+    for cmd in (e, x):
+        cmd.add_argument("--pipeline", metavar="PIPELINE.yaml",
+                         help="the run's pipeline: its environment is used (a checkpoint is "
+                              "data; without this, only a Gymnasium id it names is made)")
+        cmd.add_argument("--trust-checkpoint", action="store_true",
+                         help="make the environment the checkpoint's config names, code "
+                              "included (only for checkpoints you wrote)")
     e.add_argument("--video", metavar="FILE.mp4",
                    help="also record one greedy episode as a video (needs imageio-ffmpeg)")
 
-    x = sub.add_parser("export", help="write a run's policy as TorchScript or ONNX")
     x.add_argument("run", help="a run directory, its checkpoints/ or one checkpoint")
     x.add_argument("--format", choices=("torchscript", "onnx"), default="torchscript")
     x.add_argument("-o", "--output", required=True, help="the file to write")
@@ -205,7 +212,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from dask_rl.checkpoint import CheckpointError, CheckpointStore
-    from dask_rl.config import from_dict
+    from dask_rl.config import check_environment, load_pipeline
     from dask_rl.data import PolicySnapshot
     from dask_rl.roles.evaluation import evaluate
 
@@ -217,14 +224,23 @@ def _evaluate(args: argparse.Namespace) -> int:
         require("imageio_ffmpeg", "video", "--video")
         # MuJoCo renders off-screen; without a display, EGL is the backend that works
         os.environ.setdefault("MUJOCO_GL", "egl")
-    ckpt = Path(args.run_dir) / "checkpoints"
-    if not ckpt.exists():
-        raise ConfigError(f"{args.run_dir}: no checkpoints/ here; is it a run directory?")
+    from dask_rl.policy import checkpoint_config, find_store, require_env_trust
+
+    store_dir, name = find_store(Path(args.run_dir))
     try:
-        state, meta, name = CheckpointStore(ckpt).load_latest_good()
+        store = CheckpointStore(store_dir)
+        if name is None:
+            state, meta, name = store.load_latest_good()
+        else:
+            state, meta = store.load(name)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
-    cfg = from_dict(meta["config"])
+    pipeline = load_pipeline(args.pipeline) if args.pipeline else None
+    cfg = checkpoint_config(meta, pipeline)
+    require_env_trust(cfg.env, args.trust_checkpoint or pipeline is not None,
+                      f"{store_dir}/{name}: evaluating makes the checkpoint's environment")
+    if args.trust_checkpoint and pipeline is None:
+        check_environment(cfg)   # vouched for: now its code may run
     actor = state["actor"]
     snapshot = PolicySnapshot(int(actor["version"]), actor["params"], actor.get("moments"))
     result = evaluate(cfg, snapshot, episodes=args.episodes, seed=args.seed).record()
@@ -233,7 +249,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.video:
         from dask_rl.policy import load_policy, record_video
 
-        result.update(record_video(load_policy(ckpt / name), args.video, seed=args.seed))
+        policy = load_policy(f"{store_dir}/{name}", pipeline=pipeline,
+                             trust=args.trust_checkpoint)
+        result.update(record_video(policy, args.video, seed=args.seed))
     print(json.dumps(result, indent=2))
     return 0
 
@@ -248,6 +266,10 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.resume and not args.sweep_dir:
         raise ConfigError("--resume: needs --sweep-dir naming the sweep to continue")
     sweep_dir = Path(args.sweep_dir or f"sweeps/{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    from dask_rl.runtime.cluster import quiet_dask_logging
+
+    # as for `train`: Dask's own log lines only when asked for (-v, -vv)
+    quiet_dask_logging([logging.CRITICAL, logging.ERROR, logging.DEBUG][min(args.verbose, 2)])
     print(f"dask-rl: sweep of {args.trials} trials, {args.parallel} at once -> {sweep_dir}",
           file=sys.stderr)
 
@@ -269,13 +291,21 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"\nbest: trial {best['trial']}, return {best['value']:.1f}: {params}")
         print(f"dask-rl: the best trial's whole pipeline is in {sweep_dir / 'best.yaml'}; every "
               f"trial in {sweep_dir / 'results.json'} and results.md", file=sys.stderr)
+    if result.interrupted:   # exits as an interrupted `dask-rl train` does
+        stopped = (f"trials {', '.join(map(str, sorted(result.stopped)))} stopped, each with a "
+                   f"final checkpoint and summary" if result.stopped else "no trial was running")
+        print(f"dask-rl: sweep interrupted: {stopped}; results in "
+              f"{sweep_dir / 'results.json'} (--resume --sweep-dir {sweep_dir} continues, "
+              f"running them again)", file=sys.stderr)
+        return 130
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
     from dask_rl.policy import export, load_policy
 
-    out = export(load_policy(args.run), args.output, args.format)
+    policy = load_policy(args.run, pipeline=args.pipeline, trust=args.trust_checkpoint)
+    out = export(policy, args.output, args.format)
     print(f"dask-rl: wrote {out} ({args.format}) and {out}.json", file=sys.stderr)
     return 0
 

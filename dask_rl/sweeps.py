@@ -9,7 +9,15 @@ intermediate values are the run's screening evaluations, reported to Optuna at s
 k-th evaluation (a grid every trial shares, so that the median pruner compares like with like),
 and Optuna's ``MedianPruner`` stops a trial whose evaluation falls below the median of the
 trials before it at the same step (from its evaluation ``prune_warmup + 1`` on: the first
-ones are noisy).
+ones are noisy). A pruned trial is asked to stop like an interrupted run: it ends with a final
+checkpoint and its ``summary.json`` (``stop_reason`` ``pruned``), then counts as pruned.
+
+SIGINT or SIGTERM (Ctrl-C; ``kill``; a pod's termination) stops the sweep: no trial starts, the
+running ones stop soon, each with a final checkpoint and its summary (``stop_reason``
+``interrupted``), and the sweep records them as interrupted (:attr:`SweepResult.interrupted`):
+like the trials a killed driver left running, they do not count, and ``--resume`` asks for their
+parameters again. A second signal aborts at once. A trial interrupted from elsewhere in the
+process (:func:`dask_rl.api.interrupt_running`) stops the sweep the same way.
 
 The study lives in ``SWEEP_DIR/optuna.journal`` (Optuna's ``JournalFileBackend``), the
 pipeline and space in ``SWEEP_DIR/sweep.json``: after the sweep's driver is killed, ``--resume``
@@ -31,12 +39,13 @@ The space file maps pipeline keys to distributions::
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,7 +54,7 @@ from typing import Any, Callable
 
 import yaml
 
-from dask_rl.api import resolve, train
+from dask_rl.api import interrupt_running, resolve, train
 from dask_rl.config import ConfigError, PipelineConfig, public_dict
 from dask_rl.data import Progress
 
@@ -62,6 +71,8 @@ class SweepResult:
     sweep_dir: Path
     trials: list[dict] = field(default_factory=list)
     best: dict | None = None
+    interrupted: bool = False   # an interrupt ended the sweep before it had all its trials
+    stopped: list[int] = field(default_factory=list)   # the trials that interrupt stopped
 
 
 def load_space(space: str | Path | dict, cfg: PipelineConfig) -> dict[str, dict]:
@@ -159,17 +170,25 @@ def _study(sweep_dir: Path, *, resume: bool, seed: int, prune_warmup: int, sampl
 
 
 def _requeue_interrupted(study: Any, sweep_dir: Path) -> int:
-    """Trials a killed driver left running: failed, their parameters asked for again, and
-    their numbers kept in ``interrupted.json`` (they do not count as finished trials)."""
+    """Trials a killed driver left running: interrupted (:func:`_requeue`)."""
     from optuna.trial import TrialState
 
     stale = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
-    for t in stale:
+    _requeue(study, sweep_dir, stale)
+    return len(stale)
+
+
+def _requeue(study: Any, sweep_dir: Path, trials: list[Any]) -> None:
+    """Trials that did not have their turn (their sweep was stopped or killed): failed, their
+    parameters asked for again, and their numbers kept in ``interrupted.json`` (they do not
+    count as finished trials)."""
+    from optuna.trial import TrialState
+
+    for t in trials:
         study.tell(t.number, state=TrialState.FAIL)
         study.enqueue_trial(t.params, skip_if_exists=False)
     _write_json(sweep_dir / "interrupted.json",
-                sorted(set(_interrupted(sweep_dir)) | {t.number for t in stale}))
-    return len(stale)
+                sorted(set(_interrupted(sweep_dir)) | {t.number for t in trials}))
 
 
 def _interrupted(sweep_dir: Path) -> list[int]:
@@ -185,6 +204,31 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 MAX_FAILURES_IN_A_ROW = 3
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: Callable[[], None]):
+    """The first SIGINT or SIGTERM calls ``stop``; a second raises KeyboardInterrupt (abort).
+    The trials run in threads, where no signal arrives (so their runs' own handlers are not
+    installed): the sweep's main thread catches it for them. Only where signals can be caught
+    (the main thread); the previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    presses = []
+
+    def handler(signum, frame):
+        presses.append(signum)
+        if len(presses) > 1:
+            raise KeyboardInterrupt
+        stop()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: str | Path,
@@ -231,6 +275,14 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
     lock = threading.Lock()
     result = SweepResult(sweep_dir)
     failures: list[str] = []   # reasons of the trials that failed in a row
+    stopping = threading.Event()   # set by SIGINT/SIGTERM: no new trials, running ones stop
+    running: dict[int, Path] = {}  # trial number -> run directory, of the trials training now
+
+    def stop() -> None:
+        # called in a signal handler: no lock the main thread could hold (it holds none)
+        stopping.set()
+        for run_dir in tuple(running.values()):
+            interrupt_running("interrupted", run_dir=run_dir)
 
     def counted() -> int:
         """Trials that took their turn: complete, pruned, failed (not interrupted), or
@@ -242,23 +294,35 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
     def one_trial(c: Any) -> bool:
         """Ask for a trial and run it; False when the sweep has all it needs."""
         with lock:
-            if counted() >= trials or len(failures) >= MAX_FAILURES_IN_A_ROW:
+            if (stopping.is_set() or counted() >= trials
+                    or len(failures) >= MAX_FAILURES_IN_A_ROW):
                 return False
             trial = study.ask()
             params = suggest(trial, spec)
         run_dir = sweep_dir / f"trial-{trial.number:03d}"
+        running[trial.number] = run_dir
         reported = [0]
+        asked: list[str] = []   # the reason this trial was asked to stop, once asked
 
         def progress(p: Progress) -> None:
+            if asked:
+                return
+            if stopping.is_set():
+                # the signal came before this run could be reached (it was starting)
+                asked.append("interrupted")
+                interrupt_running("interrupted", run_dir=run_dir)
+                return
             # the k-th screening evaluation is step k: a grid every trial shares
             while reported[0] < len(p.screenings):
                 reported[0] += 1
                 trial.report(float(p.screenings[reported[0] - 1]), step=reported[0])
                 if trial.should_prune():
-                    import optuna
-
-                    raise optuna.TrialPruned(f"screening {reported[0]}: "
-                                             f"{p.screenings[reported[0] - 1]:.1f}")
+                    # the run stops like an interrupted one: a final checkpoint and a summary
+                    logger.info("trial %d pruned at screening %d: %.1f", trial.number,
+                                reported[0], p.screenings[reported[0] - 1])
+                    asked.append("pruned")
+                    interrupt_running("pruned", run_dir=run_dir)
+                    return
 
         t0 = time.time()
         row: dict[str, Any] = {"trial": trial.number, "params": params, "run_dir": str(run_dir)}
@@ -266,27 +330,48 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
             summary = train(cfg, client=c, run_dir=run_dir, overrides=_overrides(params),
                             progress=progress).summary
         except Exception as e:
-            import optuna
-
-            if isinstance(e, optuna.TrialPruned):
+            reason = " ".join(str(e).split())[:300] or type(e).__name__
+            if stopping.is_set():
+                # an error while the sweep stops (its cluster may be closing): the trial
+                # did not have its turn
+                logger.warning("trial %d ended with an error while the sweep stopped: %s",
+                               trial.number, reason)
                 with lock:
-                    study.tell(trial, state=TrialState.PRUNED)
-                    failures.clear()
-                row.update(state="PRUNED", value=None)
+                    _requeue(study, sweep_dir, [trial])
+                    interrupted.add(trial.number)
+                    result.stopped.append(trial.number)
+                row.update(state="INTERRUPTED", value=None, error=reason)
             else:
-                reason = " ".join(str(e).split())[:300] or type(e).__name__
                 logger.warning("trial %d failed: %s", trial.number, reason)
                 with lock:
                     study.tell(trial, state=TrialState.FAIL)
                     failures.append(reason)
                 row.update(state="FAIL", value=None, error=reason)
         else:
-            value = summary.get("final_return")
-            with lock:
-                study.tell(trial, float(value) if value is not None else float("-inf"))
-                failures.clear()
-            row.update(state="COMPLETE", value=value, solved=summary.get("solved"),
-                       env_steps=summary.get("env_steps"))
+            row.update(solved=summary.get("solved"), env_steps=summary.get("env_steps"),
+                       stop_reason=summary.get("stop_reason"))
+            if asked == ["pruned"]:
+                with lock:
+                    study.tell(trial, state=TrialState.PRUNED)
+                    failures.clear()
+                row.update(state="PRUNED", value=None)
+            elif summary.get("stop_reason") == "interrupted":
+                # interrupted from outside the sweep (``interrupt_running()``) too: the sweep
+                # stops with it; asked again at once, the trial would be interrupted again
+                stopping.set()
+                with lock:
+                    _requeue(study, sweep_dir, [trial])
+                    interrupted.add(trial.number)
+                    result.stopped.append(trial.number)
+                row.update(state="INTERRUPTED", value=None)
+            else:   # it ended on its own, even if the sweep was stopping by then
+                value = summary.get("final_return")
+                with lock:
+                    study.tell(trial, float(value) if value is not None else float("-inf"))
+                    failures.clear()
+                row.update(state="COMPLETE", value=value)
+        finally:
+            running.pop(trial.number, None)
         row["wall_s"] = time.time() - t0
         with lock:
             _write_results(study, sweep_dir, cfg, result)
@@ -294,24 +379,45 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
             on_trial(row)
         return True
 
-    def worker(c: Any) -> None:
-        while one_trial(c):
-            pass
-
     def run_all(c: Any) -> None:
-        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-            for f in [pool.submit(worker, c) for _ in range(parallel)]:
-                f.result()
+        errors: list[BaseException] = []
 
-    if client is not None:
-        run_all(client)
-    else:
-        from dask_rl.runtime.cluster import connect
+        def worker() -> None:
+            try:
+                while one_trial(c):
+                    pass
+            except BaseException as e:  # raised in the sweep's thread below
+                errors.append(e)
 
-        with connect(cfg.cluster, address=address, n_workers=workers) as c:
-            run_all(c)
+        # daemon threads: a second Ctrl-C aborts without waiting for the trials
+        threads = [threading.Thread(target=worker, name=f"dask-rl-sweep-{i}", daemon=True)
+                   for i in range(parallel)]
+        for t in threads:
+            t.start()
+        said = False
+        for t in threads:
+            while t.is_alive():
+                # waits with a timeout: a signal's handler runs in this thread meanwhile
+                if not said and stopping.wait(0.25):
+                    said = True
+                    logger.warning("interrupted: no new trials; the running ones stop "
+                                   "after a final checkpoint and summary (a second Ctrl-C "
+                                   "aborts)")
+                t.join(0.25)
+        if errors:
+            raise errors[0]
+
+    with _stop_on_signals(stop):
+        if client is not None:
+            run_all(client)
+        else:
+            from dask_rl.runtime.cluster import connect
+
+            with connect(cfg.cluster, address=address, n_workers=workers) as c:
+                run_all(c)
+    result.interrupted = stopping.is_set()
     _write_results(study, sweep_dir, cfg, result)
-    if len(failures) >= MAX_FAILURES_IN_A_ROW:
+    if len(failures) >= MAX_FAILURES_IN_A_ROW and not result.interrupted:
         raise RuntimeError(f"sweep stopped: {len(failures)} trials failed in a row; the last: "
                            f"{failures[-1]}")
     return result
@@ -330,16 +436,22 @@ def _write_results(study: Any, sweep_dir: Path, cfg: PipelineConfig,
     from optuna.trial import TrialState
 
     rows = []
+    interrupted = set(_interrupted(sweep_dir))
     for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:   # parameters queued to be asked for again
+            continue
         run_dir = sweep_dir / f"trial-{t.number:03d}"
         try:
             summary = json.loads((run_dir / "summary.json").read_text())
-        except (OSError, ValueError):   # not written (pruned, failed) or being written
+        except (OSError, ValueError):   # not written (failed, killed) or being written
             summary = {}
-        rows.append({"trial": t.number, "state": t.state.name, "value": t.value,
+        state = ("INTERRUPTED" if t.state == TrialState.FAIL and t.number in interrupted
+                 else t.state.name)
+        rows.append({"trial": t.number, "state": state, "value": t.value,
                      "params": t.params, "evaluations": list(t.intermediate_values.values()),
                      "solved": summary.get("solved"), "env_steps": summary.get("env_steps"),
-                     "wall_s": summary.get("wall_s"), "run_dir": str(run_dir)})
+                     "wall_s": summary.get("wall_s"),
+                     "stop_reason": summary.get("stop_reason"), "run_dir": str(run_dir)})
     result.trials = rows
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     best = max(complete, key=lambda t: t.value) if complete else None

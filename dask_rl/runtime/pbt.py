@@ -93,10 +93,10 @@ class PBTDriver(Run):
         finally:
             self.close()
 
-    def interrupt(self) -> None:
-        super().interrupt()
+    def interrupt(self, reason: str = "interrupted") -> None:
+        super().interrupt(reason)
         for member in self.members:
-            member.interrupt()
+            member.interrupt(reason)
 
     def _train(self, i: int) -> None:
         try:
