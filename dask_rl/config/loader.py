@@ -23,13 +23,13 @@ import json
 import logging
 import math
 import os
-import re
 import types
 import typing
 from typing import Any, Literal, Mapping, Union
 
 import yaml
 
+from dask_rl.config.redact import REDACTED, redact_secrets, redact_uri
 from dask_rl.config.schema import (
     AggregationConfig,
     AlgoConfig,
@@ -273,22 +273,27 @@ def _jsonable(value: Any) -> str:
     raise TypeError(f"not JSON serializable: {value!r}")
 
 
-REDACTED = "<redacted>"
 
 
 def public_dict(cfg: Any) -> dict:
     """:func:`to_dict` for what leaves the driver (metrics, events, checkpoints, the job's
-    ConfigMap, MLflow params): literal ``cluster.kubernetes.env`` values are replaced by
-    :data:`REDACTED` (they may be credentials), ``secretKeyRef`` references are kept, and so
-    is the user part of an MLflow tracking URI."""
+    ConfigMap, MLflow params), without credentials (:mod:`dask_rl.config.redact`): literal
+    ``cluster.kubernetes.env`` values become :data:`REDACTED` (``secretKeyRef`` references
+    are kept), and so do the credentials in the MLflow tracking URI and in
+    ``checkpoint.path``, and the values of ``env.kwargs`` keys that look like secrets."""
     data = to_dict(cfg)
     env = (data.get("cluster") or {}).get("kubernetes", {}).get("env") or {}
     for name, value in env.items():
         if not isinstance(value, dict):
             env[name] = REDACTED
     mlflow = (data.get("logging") or {}).get("mlflow") or {}
-    if isinstance(mlflow.get("tracking_uri"), str):   # http://user:password@host: no password
-        mlflow["tracking_uri"] = re.sub(r"//[^/@]*@", f"//{REDACTED}@", mlflow["tracking_uri"])
+    if isinstance(mlflow.get("tracking_uri"), str):
+        mlflow["tracking_uri"] = redact_uri(mlflow["tracking_uri"])
+    checkpoint = data.get("checkpoint") or {}
+    if isinstance(checkpoint.get("path"), str):
+        checkpoint["path"] = redact_uri(checkpoint["path"])
+    if isinstance((data.get("env") or {}).get("kwargs"), dict):
+        data["env"]["kwargs"] = redact_secrets(data["env"]["kwargs"])
     return data
 
 

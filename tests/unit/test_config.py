@@ -1,7 +1,9 @@
 """Pipelines load into frozen dataclasses; bad input gets one clear line naming key and value."""
 
 import dataclasses
+import json
 
+import numpy as np
 import pytest
 
 from dask_rl.algos.ppo import PPOConfig
@@ -161,3 +163,24 @@ def test_population_based_training_needs_gradient_learners():
 def test_a_pipeline_that_is_not_a_mapping():
     with pytest.raises(ConfigError, match="pipeline: expected a mapping, got \\[1\\]"):
         from_dict([1])
+
+
+def test_what_leaves_the_driver_carries_no_credentials_and_a_resume_still_matches(tmp_path):
+    from dask_rl.api import check_run_dir
+    from dask_rl.checkpoint import CheckpointStore
+    from dask_rl.config import public_dict
+
+    cfg = from_dict({"env": {"id": "CartPole-v1",
+                             "kwargs": {"api_key": "k3y", "sutton_barto_reward": False}},
+                     "checkpoint": {"path": f"file://{tmp_path}/x?token=t0k"},
+                     "logging": {"mlflow": {"tracking_uri": "https://bob:hunter2@h/?token=s3"}}},
+                    check_env=False)
+    text = json.dumps(public_dict(cfg))
+    for secret in ("k3y", "t0k", "hunter2", "s3\""):
+        assert secret not in text, secret
+    assert public_dict(cfg)["env"]["kwargs"]["sutton_barto_reward"] is False
+    # a checkpoint keeps the redacted config; resuming with the real one is the same pipeline
+    CheckpointStore(tmp_path / "run" / "checkpoints").save(
+        {"actor": {"params": np.zeros(3, np.float32), "version": 1}},
+        meta={"config": public_dict(cfg)})
+    check_run_dir(cfg, tmp_path / "run", resume=True)
