@@ -51,6 +51,12 @@ def test_runs_in_turn_on_one_path_keep_their_own_checkpoints_and_resume_their_ow
     assert Path(where_a.path).parent == Path(where_b.path).parent == shared
     # B's pruning left A's checkpoints alone
     assert CheckpointStore(where_a.path).names() == names_a
+    # the tools find A's store through its run directory (nothing under a/checkpoints)
+    assert not (a / "checkpoints").exists()
+    evaluated = subprocess.run([sys.executable, "-m", "dask_rl.cli", "evaluate", str(a),
+                                "--episodes", "2"], capture_output=True, text=True, timeout=120)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads(evaluated.stdout)["checkpoint"] == names_a[-1]
     saved_a = CheckpointStore(where_a.path).load()[1]
     # --resume of A continues A (its seed, its env steps), never B's newer checkpoint
     result = dask_rl.train(PIPELINE, client=local_client, run_dir=a, resume=True,

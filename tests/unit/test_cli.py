@@ -64,3 +64,16 @@ def test_evaluate_a_checkpoint(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path), "--episodes", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["episodes"] == 3 and out["version"] == 3 and out["checkpoint"] == "ckpt-00000000"
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
+    import time
+
+    from dask_rl.api import default_run_dir
+    from dask_rl.config import from_dict
+
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20261202-150000")   # one second
+    cfg = from_dict({})
+    dirs = [default_run_dir(cfg, tmp_path) for _ in range(3)]
+    assert len(set(dirs)) == 3 and all(d.is_dir() for d in dirs)
+    assert dirs[1].name == dirs[0].name + "-2"
