@@ -57,14 +57,15 @@ def test_the_cli_trains_an_environment_by_module_and_id(tmp_path):
 
 def test_a_policy_trained_on_your_environment_comes_out(tmp_path):
     """load_policy, export and a video of a run on an entry point (its saved config names the
-    environment by the entry point alone)."""
+    environment by the entry point alone): the policy comes out as data; making the
+    environment the checkpoint names takes the user's word (trust, or their pipeline)."""
     s = _cli(tmp_path, "entry_point: 'toyenvs.corridor:Corridor'")
     assert s["solved"], s
     run = tmp_path / "run"
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")])}
     script = ("import sys, dask_rl, numpy as np\n"
-              "p = dask_rl.load_policy(sys.argv[1])\n"
+              "p = dask_rl.load_policy(sys.argv[1], trust=True)\n"
               "env = p.make_env(); obs, _ = env.reset(seed=0); steps = 0; done = False\n"
               "while not done:\n"
               "    obs, r, term, trunc, _ = env.step(p.act(obs))\n"
@@ -78,8 +79,11 @@ def test_a_policy_trained_on_your_environment_comes_out(tmp_path):
                              "-o", str(out)], capture_output=True, text=True, timeout=120,
                             env=env)
     assert export.returncode == 0 and out.exists(), export.stderr[-2000:]
-    video = subprocess.run([sys.executable, "-m", "dask_rl.cli", "evaluate", str(run),
-                            "--episodes", "1", "--video", str(tmp_path / "walk.mp4")],
+    evaluate = [sys.executable, "-m", "dask_rl.cli", "evaluate", str(run), "--episodes", "1"]
+    refused = subprocess.run(evaluate, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 2 and "--trust-checkpoint" in refused.stderr, refused.stderr
+    video = subprocess.run(evaluate + ["--trust-checkpoint", "--video",
+                                       str(tmp_path / "walk.mp4")],
                            capture_output=True, text=True, timeout=120, env=env)
     assert video.returncode == 0, video.stderr[-2000:]
     assert json.loads(video.stdout)["video_frames"] == 5   # 5 steps right to the goal
