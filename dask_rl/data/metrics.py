@@ -72,12 +72,16 @@ class MetricsLog:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl`` (a torn last line from a crash is skipped)."""
+    """All records of a ``metrics.jsonl``: the JSON objects in it, one a line (a torn line
+    from a crash, bytes that are not UTF-8 or JSON nested past the parser's depth are
+    skipped)."""
     out = []
-    with open(path) as f:
+    with open(path, errors="replace") as f:
         for line in f:
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
                 continue
+            if isinstance(record, dict):
+                out.append(record)
     return out

@@ -259,3 +259,12 @@ def test_plot_takes_odd_run_names_and_bad_lines(tmp_path):
     out = plot_runs([run_dir], tmp_path / "curves.png")
     with Image.open(out) as img:
         assert img.size == (1320, 495)
+
+
+def test_read_metrics_skips_what_is_not_a_record(tmp_path):
+    from dask_rl.data.metrics import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"kind": "learner", "n": 1}\n\xff\xfe not utf-8\n[1, 2]\n'
+                     + b"[" * 100_000 + b"\n" + b'{"kind": "eval"}\n{"kind": "tor')
+    assert [r["kind"] for r in read_metrics(path)] == ["learner", "eval"]
