@@ -4,16 +4,22 @@ Each case trains on a real LocalCluster (worker processes, restarted by their na
 kills the process holding the parameter actor at one chosen moment: just before the n-th
 driver call of a kind (checkpoint, round end, heartbeat, evaluation, the end-of-run metrics,
 a lost learner's release, an ES generation's perturbations, update or noiseless evaluation,
-a PBT exploit), with checkpoint cadences from 1 s to end-only. Every run must finish with a
-trained policy, a counted recovery, and the exactly-once invariant: every distinct push the
-final actor holds arrived at its strategy once (``arrived == distinct - rejected``).
+a PBT exploit), with checkpoint cadences from 1 s to end-only. The runs are short and never
+stop on a solve: what they assert is bookkeeping, not learning, so machine load changes only
+how long they take. Every run must end on its budget with its summary, a counted recovery
+(what it rolled back counted too) and the exactly-once invariant: every distinct push the
+final actor holds arrived at its strategy once (``arrived == distinct - rejected``), and the
+version is the number of updates the strategy made.
 
 A learner's own worker killed right after its push is the other half of exactly-once: Dask
-re-runs the learner, and the actor refuses the second push.
+re-runs the learner, and the actor refuses the second push (with the actor's deduplication
+switched off, this test and the invariant above fail: the push is applied twice).
 """
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import signal
 from pathlib import Path
@@ -24,6 +30,7 @@ import pytest
 import dask_rl
 from dask_rl.checkpoint import CheckpointStore
 from dask_rl.data.metrics import read_metrics
+from dask_rl.policy import find_store
 from dask_rl.runtime import driver as driver_module
 from dask_rl.runtime import es as es_module
 from dask_rl.runtime.pbt import PBTDriver
@@ -37,13 +44,56 @@ FAST = ["checkpoint.heartbeat_s=0.5", "checkpoint.actor_timeout_s=5",
         "checkpoint.max_recoveries=3"]
 
 
+def _install_push_then_die(armed: str) -> None:
+    """On a worker: while the file ``armed`` exists, the first learner push to a re-created
+    actor (generation >= 1) from a worker other than the actor's writes its sequence number to
+    the marker ``armed`` names, then SIGKILLs its own worker: Dask runs the learner again."""
+    from dask_rl.runtime import handle
+
+    original = handle.ActorHandle.call
+    if getattr(original, "_fault", False):
+        return
+
+    def call(self, method, *args, **kwargs):
+        out = original(self, method, *args, **kwargs)
+        seq = kwargs.get("seq")
+        if method != "push" or seq is None or not os.path.exists(armed):
+            return out
+        generation = int(self.key.split("-")[2])  # parameter-actor-<generation>-<run>
+        if generation >= 1 and self._where()[1] is None:
+            try:
+                with open(armed) as f:
+                    marker = json.load(f)["marker"]
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except (OSError, ValueError):  # disarmed meanwhile, or this one fired already
+                return out
+            os.write(fd, str(seq).encode())
+            os.close(fd)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+    call._fault = True
+    handle.ActorHandle.call = call
+
+
 @pytest.fixture(scope="module")
-def client():
+def armed(tmp_path_factory) -> Path:
+    """Write ``{"marker": path}`` here to arm the workers' push-then-die fault."""
+    return tmp_path_factory.mktemp("faults") / "armed"
+
+
+@pytest.fixture(scope="module")
+def client(armed):
     from distributed import Client, LocalCluster
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class PushThenDie(WorkerPlugin):
+        def setup(self, worker):
+            _install_push_then_die(str(armed))
 
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
                       dashboard_address=None, silence_logs=50) as cluster:
         with Client(cluster) as c:
+            c.register_plugin(PushThenDie(), name="push-then-die-after-recovery")
             yield c
 
 
@@ -111,21 +161,68 @@ def _patch(monkeypatch, where: str, fault: Fault) -> None:
         raise ValueError(where)
 
 
-def _check_exactly_once(run_dir: Path, summary: dict) -> None:
-    state, _ = CheckpointStore(run_dir / "checkpoints").load()
+def check_run(run_dir: Path, summary: dict) -> list[dict]:
+    """The run ended on its budget with its ``summary.json``, and every push, update,
+    trajectory, env step and rollback is accounted for; returns the run's records."""
+    s = summary
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    for key in ("stop_reason", "updates", "recoveries", "gradients_applied", "pushes_refused"):
+        assert on_disk[key] == s[key], (key, on_disk[key], s[key])
+    assert s["stop_reason"] == "env_steps", s
+    records = read_metrics(run_dir / "metrics.jsonl")
+
+    # exactly once: what the final actor holds (its checkpoint, written after the last push)
+    state, _ = CheckpointStore(find_store(run_dir)[0]).load()
     actor = state["actor"]
-    stats = actor["strategy"]["stats"]
+    strategy = actor["strategy"]
+    stats = strategy["stats"]
     distinct = len(np.asarray(actor["seen"]))
     assert distinct > 0
-    # every push the actor took reached its strategy once: nothing applied twice
-    assert stats["arrived"] == distinct - int(actor["rejected"]), (stats, distinct)
-    assert stats["applied"] + stats["dropped"] <= stats["arrived"]
-    assert summary["gradients_applied"] == stats["applied"]
+    # every push taken reached the strategy once: a repeat would arrive without a new number
+    assert stats["arrived"] == distinct - int(actor["rejected"]), \
+        (stats, distinct, actor["refused"])
+    assert stats["applied"] + stats["dropped"] <= stats["arrived"], stats
+    # the version is the number of updates the strategy made, and the summary says so
+    assert int(actor["version"]) == int(strategy["version"]) == stats["updates"] \
+        == s["updates"], (actor["version"], stats, s["updates"])
+    assert s["gradients_applied"] == stats["applied"], (s, stats)
+    assert s["pushes_refused"] == int(actor["refused"]), (s, actor["refused"])
+
+    # what every recovery rolled back is counted, and never beyond its checkpoint
+    recoveries = [r for r in records if r["kind"] == "recovery"]
+    assert len(recoveries) == s["recoveries"], (recoveries, s)
+    assert all(r["version"] <= r["version_lost"] for r in recoveries), recoveries
+    assert s["updates_discarded"] == sum(max(r["version_lost"] - r["version"], 0)
+                                         for r in recoveries), (s, recoveries)
+    assert s["env_steps_discarded"] == sum(max(r["env_steps_discarded"], 0)
+                                           for r in recoveries), (s, recoveries)
+
+    learners = [r for r in records if r["kind"] == "learner"]
+    if not learners:  # ES: no learner tasks, no trajectories
+        return records
+    # each learner (its push's sequence number) reported once
+    repeats = [k for k, n in collections.Counter(r["learner"] for r in learners).items() if n > 1]
+    assert not repeats, repeats
+    # learners learned on versions that existed: after a recovery, the new actor's (from its
+    # checkpoint's version on), never the lost actor's newer ones
+    bounds = [(r["time"], r["version"]) for r in recoveries]
+    for r in learners:
+        floor = max((v for t, v in bounds if t < r["time"]), default=0)
+        assert floor <= r["version_pulled"] <= r["version_after"], (r, bounds)
+    # every trajectory learned from or dropped, every env step counted once
+    batch = learners[0]["trajectory_steps"]
+    assert s["trajectories_produced"] == s["trajectories_consumed"] + s["dropped_trajectories"], s
+    assert s["env_steps_collected"] == s["trajectories_produced"] * batch, s
+    assert s["env_steps"] == s["trajectories_consumed"] * batch, s
+    assert sum(r["trajectory_steps"] for r in learners if not r["replay"]) == s["env_steps"], s
+    return records
 
 
-ASYNC = ["aggregation.strategy=async", "stop.env_steps=60000"]
-STELLARIS = ["stop.env_steps=60000"]
-ES = ["stop.env_steps=120000", "algo.eval_every=1"]
+# small budgets, never ended by a solve: each run lasts its whole budget, the fault lands in it
+NO_SOLVE = ["stop.solve_on_target=false"]
+ASYNC = ["aggregation.strategy=async", "stop.env_steps=30000", *NO_SOLVE]
+STELLARIS = ["stop.env_steps=30000", *NO_SOLVE]
+ES = ["stop.env_steps=120000", "algo.eval_every=1", *NO_SOLVE]
 
 # (id, pipeline, overrides, where, nth): 14 moments over three drivers
 CASES = [
@@ -135,25 +232,21 @@ CASES = [
      "call:state_dict", 2),
     ("async-round-end", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=2"],
      "call:round_end", 5),
-    # the heartbeat cases train their whole budget: a solve can end a run within its first
-    # few heartbeats (0.5 s apart), and the fault would land after the run's stop instead
-    ("async-heartbeat", "ppo_cartpole.yaml",
-     ASYNC + ["checkpoint.every_s=3", "stop.solve_on_target=false"], "heartbeat", 4),
+    ("async-heartbeat", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=3"], "heartbeat", 4),
     ("async-evaluation", "ppo_cartpole.yaml",
      ASYNC + ["checkpoint.every_s=1", "stop.eval_every_updates=10"], "eval", 2),
     ("async-heartbeat-end-only-checkpoints", "ppo_cartpole.yaml",
-     ASYNC + ["checkpoint.every_s=0", "stop.solve_on_target=false"], "heartbeat", 3),
-    ("async-end-metrics", "ppo_cartpole.yaml",
-     ASYNC + ["checkpoint.every_s=1", "stop.env_steps=30000", "stop.solve_on_target=false"],
+     ASYNC + ["checkpoint.every_s=0"], "heartbeat", 3),
+    ("async-end-metrics", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=1"],
      "call:metrics", 1),
     ("stellaris-round-end", "ppo_cartpole_stellaris.yaml",
      STELLARIS + ["checkpoint.every_s=1"], "call:round_end", 3),
     ("stellaris-checkpoint", "ppo_cartpole_stellaris.yaml",
      STELLARIS + ["checkpoint.every_s=2"], "call:state_dict", 3),
     ("stellaris-heartbeat", "ppo_cartpole_stellaris.yaml",
-     STELLARIS + ["checkpoint.every_s=1", "stop.solve_on_target=false"], "heartbeat", 6),
+     STELLARIS + ["checkpoint.every_s=1"], "heartbeat", 6),
     ("sync-expect-learners", "ppo_cartpole_sync.yaml",
-     ["stop.env_steps=60000", "checkpoint.every_s=1"], "call:expect_learners", 6),
+     ["stop.env_steps=30000", "checkpoint.every_s=1", *NO_SOLVE], "call:expect_learners", 6),
     ("es-perturbations", "es_cartpole.yaml", ES + ["checkpoint.every_s=1"], "es", 4),
     ("es-update", "es_cartpole.yaml", ES + ["checkpoint.every_s=1"], "es", 5),
     ("es-noiseless-evaluation", "es_cartpole.yaml", ES + ["checkpoint.every_s=2"], "es", 6),
@@ -163,21 +256,36 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_the_actor_lost_at_any_moment(client, tmp_path, monkeypatch, case):
+def test_the_actor_lost_at_any_moment(client, armed, tmp_path, monkeypatch, case):
+    """The actor's loss alone never brings a push twice (its tasks are cancelled and hold the
+    lost actor's handle); the first learner of the re-created actor that pushes from another
+    worker then loses that worker, so the new actor, restored from its checkpoint, must refuse
+    the re-run's push too."""
     _, pipeline, overrides, where, nth = case
     fault = Fault(nth)
     _patch(monkeypatch, where, fault)
     run_dir = tmp_path / "run"
+    marker = tmp_path / "pushed"
     cfg = dask_rl.api.resolve(PIPELINES / pipeline, FAST + overrides)
-    result = dask_rl.train(cfg, client=client, run_dir=run_dir)
+    armed.write_text(json.dumps({"marker": str(marker)}))
+    try:
+        result = dask_rl.train(cfg, client=client, run_dir=run_dir)
+    finally:
+        armed.unlink()
     s = result.summary
     assert fault.fired, f"the run never reached call {nth} of {where}"
     assert s["recoveries"] >= 1, s
-    records = read_metrics(run_dir / "metrics.jsonl")
-    assert sum(r["kind"] == "recovery" for r in records) == s["recoveries"]
-    assert s["updates_discarded"] >= 0 and s["env_steps_discarded"] >= 0
-    assert s["final_return"] >= 100, s  # a trained policy (an untrained one: ~10-40)
-    _check_exactly_once(run_dir, s)
+    records = check_run(run_dir, s)
+    rec = next(r for r in records if r["kind"] == "recovery")
+    elsewhere = [r for r in records if r["kind"] == "learner" and r["time"] > rec["time"]
+                 and r["worker"] != rec["actor_worker"]]
+    if elsewhere:  # not ES (its update runs beside the actor), nor a loss at the very end
+        assert marker.exists(), "no learner of the new actor lost its worker after its push"
+    if marker.exists():  # an ES update may run off the actor's worker too: it is refused alike
+        seq = int(marker.read_text())
+        again = [r for r in records if r["kind"] == "learner" and r["learner"] == f"L{seq}"]
+        assert all(r["status"] == "refused" for r in again), again
+        assert s["pushes_refused"] >= 1, s
 
 
 def test_the_actor_lost_after_a_confirmed_solve_judges_the_policy_left(client, tmp_path,
@@ -195,7 +303,9 @@ def test_the_actor_lost_after_a_confirmed_solve_judges_the_policy_left(client, t
         return original(self)
     monkeypatch.setattr(driver_module.Driver, "_finish", finish)
     cfg = dask_rl.api.resolve(PIPELINES / "ppo_cartpole.yaml",
-                              FAST + ASYNC + ["checkpoint.every_s=0", "stop.target_return=100"])
+                              # it must solve (a low target) to reach its moment
+                              FAST + ["aggregation.strategy=async", "stop.env_steps=60000",
+                                      "checkpoint.every_s=0", "stop.target_return=100"])
     s = dask_rl.train(cfg, client=client, run_dir=tmp_path / "run").summary
     assert lost and lost[0] > 0, "the run did not solve"
     assert s["recoveries"] >= 1 and s["updates_discarded"] >= lost[0], s
@@ -277,10 +387,11 @@ def test_a_learner_killed_right_after_its_push_is_not_applied_twice(client, tmp_
     s = result.summary
     assert marker.exists(), "no learner was killed"
     seq = int(marker.read_text())
-    learners = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "learner"]
-    assert s["final_return"] >= 100, s
-    assert s["recoveries"] == 0, s  # the actor lived on
-    # Dask ran the learner again; the actor refused its second push
+    # Dask ran the learner again; the actor refused its second push (applied twice, the
+    # actor would also have taken one push more than it has distinct sequence numbers)
+    [again] = [r for r in read_metrics(run_dir / "metrics.jsonl")
+               if r["kind"] == "learner" and r["learner"] == f"L{seq}"]
+    assert again["status"] == "refused", again
     assert s["pushes_refused"] >= 1, s
-    assert any(r["status"] == "refused" for r in learners), seq
-    _check_exactly_once(run_dir, s)
+    assert s["recoveries"] == 0, s  # the actor lived on
+    check_run(run_dir, s)

@@ -1,5 +1,13 @@
-"""Fault tolerance with real worker processes: kills, a hung actor, a crashed driver."""
+"""Fault tolerance with real worker processes: kills, a hung actor, a crashed driver.
 
+The kill tests train small budgets and never stop on a solve: they assert bookkeeping (every
+push applied at most once, the version equal to the updates made, every trajectory and env
+step and rollback counted, a summary at the end), not learning, so machine load changes only
+how long they take. Those that lose a learner after its push fail when the parameter actor's
+deduplication is switched off: the push is applied twice.
+"""
+
+import collections
 import json
 import os
 import signal
@@ -10,14 +18,18 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import dask_rl
+from dask_rl.checkpoint import CheckpointStore
 from dask_rl.data.metrics import read_metrics
+from dask_rl.policy import find_store
 
 pytestmark = pytest.mark.timeout(900)
 
-FAST = {"checkpoint": {"every_s": 2, "heartbeat_s": 0.5, "actor_timeout_s": 5}}
+SMALL = ["checkpoint.every_s=1", "checkpoint.heartbeat_s=0.5", "checkpoint.actor_timeout_s=5",
+         "stop.env_steps=40000", "stop.solve_on_target=false"]
 
 
 def _learners_seen(run_dir: Path) -> int:
@@ -27,10 +39,10 @@ def _learners_seen(run_dir: Path) -> int:
     return sum(r["kind"] == "learner" for r in read_metrics(path))
 
 
-def _when(condition, timeout=120.0):
-    t0 = time.time()
+def _when(condition, timeout=300.0):
+    t0 = time.monotonic()
     while not condition():
-        if time.time() - t0 > timeout:
+        if time.monotonic() - t0 > timeout:
             raise TimeoutError("condition never held")
         time.sleep(0.1)
 
@@ -58,66 +70,203 @@ def _kill_worker_running(client, prefix: str, avoid: str | None) -> str:
     return victim
 
 
-def _run_with_killer(tmp_path, kill, *, workers=3):
+def _after_push(marker: Path, *, min_seq: int, actor_prefix: str = "parameter-actor-",
+                then: str = "die"):
+    """A worker plugin: the first learner push (sequence number >= ``min_seq``, to an actor
+    whose key starts with ``actor_prefix``, from a worker other than the actor's) writes
+    ``"<pid> <seq>"`` to ``marker``, then its worker dies (``then="die"``) or the task holds
+    its result back for a minute (``"hold"``: the test kills the worker from outside)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    def install():
+        from dask_rl.runtime import handle
+
+        original = handle.ActorHandle.call
+        if getattr(original, "_fault", False):
+            return
+
+        def call(self, method, *args, **kwargs):
+            out = original(self, method, *args, **kwargs)
+            if (method == "push" and (kwargs.get("seq") or 0) >= min_seq
+                    and self.key.startswith(actor_prefix) and self._where()[1] is None):
+                try:
+                    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    return out
+                os.write(fd, f"{os.getpid()} {kwargs['seq']}".encode())
+                os.close(fd)
+                if then == "die":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(60)
+            return out
+        call._fault = True
+        handle.ActorHandle.call = call
+
+    class AfterPush(WorkerPlugin):
+        def setup(self, worker):
+            install()
+
+    return AfterPush()
+
+
+def _run_with_killer(tmp_path, kill, *, workers=3, plugin=None, after_learners=10):
+    """Train ``SMALL`` on its own cluster; ``kill(client)`` runs once ``after_learners``
+    learner results are in. Returns the summary, the run's directory and what ``kill``
+    returned."""
     from distributed import Client, LocalCluster
 
     run_dir = tmp_path / "run"
     with LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None,
                       silence_logs=50) as cluster, Client(cluster) as client:
+        if plugin is not None:
+            client.register_plugin(plugin, name="fault")
         killed = {}
 
         def killer():
-            _when(lambda: _learners_seen(run_dir) >= 20)
+            _when(lambda: _learners_seen(run_dir) >= after_learners)
             killed["worker"] = kill(client)
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
         result = dask_rl.train(dask_rl.api.resolve(
-            Path(__file__).parents[2] / "pipelines" / "ppo_cartpole.yaml",
-            ["checkpoint.every_s=2", "checkpoint.heartbeat_s=0.5",
-             "checkpoint.actor_timeout_s=5", "stop.env_steps=400000"]),
+            Path(__file__).parents[2] / "pipelines" / "ppo_cartpole.yaml", SMALL),
             client=client, run_dir=run_dir)
         thread.join(timeout=5)
-    assert killed, "the kill never happened"
-    return result.summary, read_metrics(run_dir / "metrics.jsonl")
+    assert killed, "the kill never happened before the run ended"
+    return result.summary, run_dir, killed["worker"]
+
+
+def check_run(run_dir: Path, summary: dict) -> list[dict]:
+    """The run ended on its budget with its ``summary.json``, and every push, update,
+    trajectory, env step and rollback is accounted for; returns the run's records."""
+    s = summary
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    for key in ("stop_reason", "updates", "recoveries", "gradients_applied", "pushes_refused"):
+        assert on_disk[key] == s[key], (key, on_disk[key], s[key])
+    assert s["stop_reason"] == "env_steps", s
+    records = read_metrics(run_dir / "metrics.jsonl")
+
+    # exactly once: what the final actor holds (its checkpoint, written after the last push)
+    state, _ = CheckpointStore(find_store(run_dir)[0]).load()
+    actor = state["actor"]
+    strategy = actor["strategy"]
+    stats = strategy["stats"]
+    distinct = len(np.asarray(actor["seen"]))
+    assert distinct > 0
+    # every push taken reached the strategy once: a repeat would arrive without a new number
+    assert stats["arrived"] == distinct - int(actor["rejected"]), \
+        (stats, distinct, actor["refused"])
+    assert stats["applied"] + stats["dropped"] <= stats["arrived"], stats
+    # the version is the number of updates the strategy made, and the summary says so
+    assert int(actor["version"]) == int(strategy["version"]) == stats["updates"] \
+        == s["updates"], (actor["version"], stats, s["updates"])
+    assert s["gradients_applied"] == stats["applied"], (s, stats)
+    assert s["pushes_refused"] == int(actor["refused"]), (s, actor["refused"])
+
+    # what every recovery rolled back is counted, and never beyond its checkpoint
+    recoveries = [r for r in records if r["kind"] == "recovery"]
+    assert len(recoveries) == s["recoveries"], (recoveries, s)
+    assert all(r["version"] <= r["version_lost"] for r in recoveries), recoveries
+    assert s["updates_discarded"] == sum(max(r["version_lost"] - r["version"], 0)
+                                         for r in recoveries), (s, recoveries)
+    assert s["env_steps_discarded"] == sum(max(r["env_steps_discarded"], 0)
+                                           for r in recoveries), (s, recoveries)
+
+    learners = [r for r in records if r["kind"] == "learner"]
+    if not learners:  # ES: no learner tasks, no trajectories
+        return records
+    # each learner (its push's sequence number) reported once
+    repeats = [k for k, n in collections.Counter(r["learner"] for r in learners).items() if n > 1]
+    assert not repeats, repeats
+    # learners learned on versions that existed: after a recovery, the new actor's (from its
+    # checkpoint's version on), never the lost actor's newer ones
+    bounds = [(r["time"], r["version"]) for r in recoveries]
+    for r in learners:
+        floor = max((v for t, v in bounds if t < r["time"]), default=0)
+        assert floor <= r["version_pulled"] <= r["version_after"], (r, bounds)
+    # every trajectory learned from or dropped, every env step counted once
+    batch = learners[0]["trajectory_steps"]
+    assert s["trajectories_produced"] == s["trajectories_consumed"] + s["dropped_trajectories"], s
+    assert s["env_steps_collected"] == s["trajectories_produced"] * batch, s
+    assert s["env_steps"] == s["trajectories_consumed"] * batch, s
+    assert sum(r["trajectory_steps"] for r in learners if not r["replay"]) == s["env_steps"], s
+    return records
+
+
+
+def _learner_record(run_dir: Path, seq: int) -> dict:
+    [record] = [r for r in read_metrics(run_dir / "metrics.jsonl")
+                if r["kind"] == "learner" and r["learner"] == f"L{seq}"]
+    return record
 
 
 @pytest.mark.slow
 def test_losing_a_rollout_worker(tmp_path):
-    summary, _ = _run_with_killer(
+    summary, run_dir, _ = _run_with_killer(
         tmp_path, lambda c: _kill_worker_running(c, "rollout", avoid=_actor_address(c)))
-    assert summary["solved"], summary
-    assert summary["recoveries"] == 0  # Dask re-ran the tasks; the actor was untouched
+    assert summary["recoveries"] == 0, summary  # Dask re-ran the tasks; the actor was untouched
+    check_run(run_dir, summary)
 
 
 @pytest.mark.slow
-def test_losing_a_learner_worker(tmp_path):
-    summary, _ = _run_with_killer(
-        tmp_path, lambda c: _kill_worker_running(c, "learner", avoid=_actor_address(c)))
-    assert summary["solved"], summary
-    assert summary["recoveries"] == 0
+def test_losing_a_learner_worker_between_its_push_and_its_result(tmp_path):
+    """The worst moment to lose a learner's worker: its push is in, its result is not. Dask
+    runs the learner again (on another worker, recomputing its trajectory if that went too);
+    the second push carries the same sequence number and must be refused."""
+    marker = tmp_path / "pushed"
+
+    def kill_after_push(client):
+        _when(marker.exists)
+        _when(lambda: len(marker.read_text().split()) == 2)  # written whole
+        pid, seq = map(int, marker.read_text().split())
+        os.kill(pid, signal.SIGKILL)
+        return seq
+
+    summary, run_dir, seq = _run_with_killer(
+        tmp_path, kill_after_push, plugin=_after_push(marker, min_seq=8, then="hold"),
+        after_learners=0)
+    again = _learner_record(run_dir, seq)
+    assert again["status"] == "refused", again   # applied twice without deduplication
+    assert summary["pushes_refused"] >= 1, summary
+    assert summary["recoveries"] == 0, summary
+    check_run(run_dir, summary)
 
 
 @pytest.mark.slow
 def test_losing_the_parameter_actors_worker(tmp_path):
+    """The actor's worker dies; the run rolls back to its checkpoint on a new actor, and a
+    learner of the new actor then loses its worker right after its push: the re-created actor
+    refuses the re-run's push as the first one would have."""
+    marker = tmp_path / "pushed"
+
     def kill_actor(client):
         addr = _actor_address(client)
         os.kill(client.run(os.getpid, workers=[addr])[addr], signal.SIGKILL)
         return addr
 
-    summary, records = _run_with_killer(tmp_path, kill_actor)
-    assert summary["solved"], summary
-    assert summary["recoveries"] >= 1
-    [rec, *_] = [r for r in records if r["kind"] == "recovery"]
-    assert rec["version"] <= rec["version_lost"]  # rolled back to the checkpoint, not beyond
+    summary, run_dir, _ = _run_with_killer(
+        tmp_path, kill_actor,
+        # generation 1: the actor re-created by the recovery
+        plugin=_after_push(marker, min_seq=1, actor_prefix="parameter-actor-1-"))
+    assert summary["recoveries"] >= 1, summary
+    records = check_run(run_dir, summary)
+    rec = next(r for r in records if r["kind"] == "recovery")
     learners_after = [r for r in records if r["kind"] == "learner" and r["time"] > rec["time"]]
-    assert learners_after, "no learning after the recovery"
-    # nothing computed on the lost actor's newer versions was applied to the new one
-    assert all(r["version_pulled"] <= r["version_after"] for r in learners_after)
+    assert learners_after, "no learner after the recovery"
+    assert marker.exists(), "no learner of the new actor was killed after its push"
+    seq = int(marker.read_text().split()[1])
+    again = _learner_record(run_dir, seq)
+    assert again["status"] == "refused", again
+    assert summary["pushes_refused"] >= 1, summary
 
 
 @pytest.mark.slow
 def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path):
+    """The actor hangs (its lock held longer than the test lasts): a timeout finds it, the run
+    goes on with a new actor from the checkpoint, and that actor refuses a re-run learner's
+    second push (its worker lost right after the first)."""
+    marker = tmp_path / "pushed"
+
     def hang_actor(client):
         addr = _actor_address(client)
 
@@ -129,12 +278,19 @@ def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path):
         client.run(hang, workers=[addr])
         return addr
 
-    summary, records = _run_with_killer(tmp_path, hang_actor)
-    assert summary["recoveries"] >= 1 and summary["solved"], summary
+    summary, run_dir, _ = _run_with_killer(
+        tmp_path, hang_actor,
+        plugin=_after_push(marker, min_seq=1, actor_prefix="parameter-actor-1-"))
+    assert summary["recoveries"] >= 1, summary
+    records = check_run(run_dir, summary)
     rec = next(r for r in records if r["kind"] == "recovery")
     # found by a timeout (the heartbeat's ping or a task's actor call) while the hang held the
     # actor's lock, not by the hang ending (it lasts longer than the whole test may)
     assert "heartbeat" in rec["reason"] or "Timeout" in rec["reason"], rec["reason"]
+    assert marker.exists(), "no learner of the new actor was killed after its push"
+    again = _learner_record(run_dir, int(marker.read_text().split()[1]))
+    assert again["status"] == "refused", again
+    assert summary["pushes_refused"] >= 1, summary
 
 
 @pytest.mark.slow
