@@ -22,6 +22,7 @@ from dask_rl.config import (
     check_environment,
     from_dict,
     load_pipeline,
+    public_dict,
     to_dict,
 )
 from dask_rl.data import Progress
@@ -131,7 +132,7 @@ def check_run_dir(cfg: PipelineConfig, run_dir: Path, *, resume: bool) -> None:
     saved = meta.get("config")
     if saved is None:
         return
-    now = to_dict(cfg)
+    now = public_dict(cfg)   # as the checkpoint saved it: credentials redacted alike
     changed = []
     for section, value in now.items():
         if section in RESUME_MAY_CHANGE:
@@ -173,27 +174,38 @@ def interrupt_running(reason: str = "interrupted", *,
 
 
 @contextlib.contextmanager
-def _graceful_interrupts(driver: Any):
-    """The first Ctrl-C (or SIGTERM, as Kubernetes sends before it kills a pod) stops the run
-    after a final checkpoint and summary (``stop_reason`` ``interrupted`` unless the run was
-    already stopping); a second one aborts at once. Only where signals can be caught (the
-    main thread); elsewhere Python's behaviour stays."""
+def _graceful_interrupts():
+    """The first Ctrl-C (or SIGTERM, as Kubernetes sends before it kills a pod) ends the run
+    within 30 s whatever is in flight, with a summary (``stop_reason`` ``interrupted`` unless
+    it was solved) and a final checkpoint if the parameter actor still answers
+    (:meth:`~dask_rl.runtime.run.Run.interrupt`); a second one aborts at once. Installed
+    before the cluster starts: a signal that lands before the driver exists reaches it as soon
+    as it does. Yields ``attach(driver)``. Only where signals can be caught (the main thread);
+    elsewhere Python's behaviour stays."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda driver: None
         return
     presses = []
+    attached: list[Any] = []
 
     def handler(signum, frame):
         presses.append(signum)
         if len(presses) > 1:
             raise KeyboardInterrupt
-        driver.interrupt()
+        for driver in attached:
+            driver.interrupt()
         # os.write: print() may not be re-entered from a signal handler
-        os.write(2, b"dask-rl: stopping after a final checkpoint (Ctrl-C again aborts)\n")
+        os.write(2, b"dask-rl: interrupted: ending within 30 s, with a final checkpoint if the "
+                    b"parameter actor answers (Ctrl-C again aborts)\n")
+
+    def attach(driver: Any) -> None:
+        attached.append(driver)
+        if presses:
+            driver.interrupt()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield attach
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -329,16 +341,19 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
         started.append(driver)
         with _RUNNING_LOCK:
             _RUNNING[id(driver)] = driver
+        attach(driver)
         try:
-            with _graceful_interrupts(driver):
-                return driver.run().to_dict()
+            summary = driver.run().to_dict()
         finally:
             with _RUNNING_LOCK:
                 _RUNNING.pop(id(driver), None)
+        # now, not once the cluster has closed (after SIGTERM that can take seconds)
+        _write_summary(run_dir, summary)
+        return summary
 
     from dask_rl.runtime.run import RunFailed
 
-    with RunLock(run_dir):
+    with RunLock(run_dir), _graceful_interrupts() as attach:
         try:
             if client is not None:
                 summary = _run(client)
@@ -352,7 +367,6 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
             raise
         except Exception as e:  # a bug or an unforeseen failure: still one line and a summary
             raise _unexpected(e, run_dir, started[0] if started else None, cfg) from e
-        _write_summary(run_dir, summary)
     return RunResult(summary=summary, run_dir=run_dir)
 
 

@@ -35,7 +35,7 @@ MAX_POINTS = 5000
 DRAWN_KINDS = frozenset({"learner", "generation", "round", "eval", "checkpoint", "allocation",
                          "recovery", "lineage", "run"})
 COUNTED_KINDS = frozenset({"rollout", "replay", "stall", "rescale", "resume",
-                           "checkpoint_failed"})
+                           "checkpoint_failed", "phase"})
 MAX_UNKNOWN_KINDS = 50  # distinct unknown kind names remembered (a hostile file has many)
 
 

@@ -52,7 +52,7 @@ class MetricsLog:
         rec = clean({"kind": kind, "time": time.time(), "run": self.run, **record})
         try:
             self._file.write(json.dumps(rec) + "\n")
-        except OSError as e:
+        except (OSError, ValueError) as e:   # a full disk; the file closed at the run's end
             if not self.lost:
                 logger.warning("cannot write %s (%s): metrics records are lost until it "
                                "works again; training goes on", self.path, e)

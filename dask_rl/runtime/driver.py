@@ -41,7 +41,7 @@ from dask_rl.models import get_flat, make_model
 from dask_rl.models.normalizer import empty_moments
 from dask_rl.runtime.adaptive import LOAD_TOPIC
 from dask_rl.runtime.cluster import place_slots
-from dask_rl.runtime.run import RunFailed
+from dask_rl.runtime.run import Abandoned, RunFailed
 from dask_rl.runtime.sampled import SampledReplay
 from dask_rl.runtime.tasks import (
     evaluate_task,
@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 ALLOCATE_EVERY_S = 5.0  # how often TianJi's allocation is solved again on an adaptive cluster
 LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already in flight
+# ... and an interrupted run's end, in seconds after the signal (their pushes may be done)
+INTERRUPTED_LEARNERS_BY_S = 5.0
 REPLAY_WRITE_TIMEOUT_S = 120.0  # a checkpoint's replay writes unfinished by then: not published
 
 
@@ -169,7 +171,7 @@ class Driver(Trainer):
             # Every write is looked at: one that raised, whose worker died inside it, or that
             # has not finished in time fails this checkpoint (Trainer.checkpoint keeps the
             # previous one latest).
-            wait(writes, timeout=REPLAY_WRITE_TIMEOUT_S)   # TimeoutError if one is not done
+            self.wait_all(writes, REPLAY_WRITE_TIMEOUT_S)   # TimeoutError if one is not done
             written = [w.result() for w in writes]
         finally:
             self.client.cancel(writes)
@@ -248,7 +250,8 @@ class Driver(Trainer):
                         cfg.aggregation.strategy)
             self.metrics.write("run", {"event": "start", "config": public_dict(cfg),
                                        "rollout_slots": slots})
-            self._launch()
+            if not self.interrupted:
+                self._launch()
             while not self.policy.finished:
                 done = self._wait_some(0.5)
                 for fut in done:
@@ -257,6 +260,8 @@ class Driver(Trainer):
                 self._check_stall(bool(done))
                 self.check_heartbeat()
                 self._check_stop()
+                if self.interrupted:
+                    break
                 self._rescale()
                 self._allocate()
                 self._launch()
@@ -266,9 +271,18 @@ class Driver(Trainer):
                 self.maybe_checkpoint()
                 self.housekeeper.maybe_tidy()
             return self._finish()
+        except Abandoned as e:   # interrupted while waiting on something that did not end
+            logger.info("interrupted: %s", e)
+            return self._finish_interrupted()
         except RunFailed:
             raise
-        except Exception:
+        except Exception as e:
+            if self.interrupted and hasattr(self, "metrics"):
+                # a cluster going with the signal (a closed comm, a lost worker): the end
+                # still comes, with its summary
+                logger.warning("interrupted: %s", " ".join(
+                    f"{type(e).__name__}: {e}".split())[:300])
+                return self._finish_interrupted()
             self.check_scheduler()  # a lost scheduler is one line, not this traceback
             raise
         finally:
@@ -286,6 +300,9 @@ class Driver(Trainer):
         return list(done)
 
     def _check_stop(self) -> None:
+        if self.interrupted:  # even a drain in progress ends now: its workers may be going
+            self.policy.stop(drain=False)
+            return
         if self.policy.stopping:
             return
         reason = self.stop_reason or self.budget_reason()
@@ -295,6 +312,9 @@ class Driver(Trainer):
             # Budget reached: learn from everything collected, then end.
             self.stop_reason = reason
             self.policy.stop(drain=reason == "env_steps")
+            if self.policy.draining:
+                self.metrics.write("phase", {"phase": "drain", "event": "start",
+                                             "env_steps": self.env_steps})
 
     def _handle(self, fut: Future, task: _Task) -> None:
         if fut.status != "finished":
@@ -334,6 +354,8 @@ class Driver(Trainer):
         if exc is None:
             exc = fut.exception() if fut.status == "error" else None
         logger.warning("%s task %s: %r", task.kind, fut.status, exc)
+        if self.interrupted:  # its worker may be going: the end drops it (discard_all)
+            return
         if not self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
             self.on_actor_lost(f"a {task.kind} task failed and the parameter actor is gone: "
                                f"{exc!r}")
@@ -407,6 +429,8 @@ class Driver(Trainer):
                 int(lid[1:]), **kwargs)
             self.metrics.write("replay", {"env_steps": self.env_steps, "learner": lid,
                                           **record})
+            self.metrics.write("phase", {"phase": "learner", "event": "start", "learner": lid,
+                                         "first_use": False})
             self.inflight[fut] = _Task("learner", learner_id=lid, first_use=False,
                                        concurrent=concurrent)
             return
@@ -417,6 +441,8 @@ class Driver(Trainer):
                                  learner_seed(self.cfg.seed, int(lid[1:])),
                                  overrides or None, first_use, int(lid[1:]), pure=False,
                                  key=f"learner-{lid}-{self.run_name}", **kwargs)
+        self.metrics.write("phase", {"phase": "learner", "event": "start", "learner": lid,
+                                     "first_use": first_use})
         self.inflight[fut] = _Task("learner", learner_id=lid, first_use=first_use,
                                    concurrent=concurrent)
 
@@ -623,6 +649,9 @@ class Driver(Trainer):
             key=f"{'confirm' if kind == 'confirm' else 'evaluate'}-{self.evals}-{self.run_name}")
         if kind != "final":
             self.inflight[fut] = _Task(kind)
+        self.metrics.write("phase", {"phase": "confirm" if kind == "confirm" else kind,
+                                     "event": "start", "key": fut.key,
+                                     "env_steps": self.env_steps, "updates": self.updates})
         return fut
 
     def _maybe_confirm(self) -> None:
@@ -641,7 +670,10 @@ class Driver(Trainer):
         while True:
             fut = self._submit_eval("final", episodes, seed)
             try:
-                return fut.result()
+                return self.wait_for(fut)
+            except Abandoned:
+                self.client.cancel([fut])
+                raise
             except Exception as e:
                 if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
                     raise
@@ -650,12 +682,23 @@ class Driver(Trainer):
 
     # ---- the end -------------------------------------------------------------------------------
     def _finish(self) -> LearnerSummary:
+        if self.interrupted:
+            return self._finish_interrupted()
+        try:
+            return self._finish_normal()
+        except Abandoned as e:   # interrupted during the end: what is left of it, on its clock
+            logger.info("interrupted at the end of the run: %s", e)
+            return self._finish_interrupted()
+
+    def _finish_normal(self) -> LearnerSummary:
+        self.metrics.write("phase", {"phase": "end", "event": "start",
+                                     "stop_reason": self.stop_reason})
         # A learner in flight may already have pushed: let it end so that its env steps and
         # update are counted (the summary agrees with the actor's state); rollouts are cancelled.
         learners = [f for f, t in self.inflight.items() if t.kind in ("learner", "stats")]
         if learners:
             try:
-                wait(learners, timeout=LEARNER_DRAIN_S)
+                self.wait_all(learners, LEARNER_DRAIN_S)
             except TimeoutError:
                 logger.warning("learners still running at the end; their updates are not counted")
             for fut in learners:
@@ -672,11 +715,48 @@ class Driver(Trainer):
         self.checkpoint()
         self._discarded(self.policy.discard_all())
         final = self.final_evaluation(self._evaluate_now)
-        pulls = self.actor_call("metrics")
+        return self.end(self._summary(final, self.actor_call("metrics")))
+
+    def _finish_interrupted(self) -> LearnerSummary:
+        """The end of an interrupted run, within ``INTERRUPT_DEADLINE_S`` of the signal whatever
+        was in flight: learners get until ``INTERRUPTED_LEARNERS_BY_S``, everything else is
+        cancelled, the final checkpoint is written only if the actor answers in time
+        (:meth:`~dask_rl.runtime.trainer.Trainer.final_checkpoint`), no evaluation is started,
+        and the summary takes what the driver knows where the actor is silent. Errors of a
+        cluster that is going (closed comms, lost workers) end in the summary, not a
+        traceback."""
+        self.abandon_after = INTERRUPTED_LEARNERS_BY_S
+        learners = [f for f, t in self.inflight.items() if t.kind in ("learner", "stats")]
+        try:
+            if learners:
+                self.wait_all(learners)
+        except Exception:  # Abandoned: those still running are not counted
+            logger.warning("interrupted: %d learners still running are not waited for",
+                           sum(not f.done() for f in learners))
+        for fut in learners:
+            if fut.status == "finished" and fut in self.inflight:
+                try:
+                    self._handle(fut, self.inflight.pop(fut))
+                except Exception as e:  # e.g. a round's end the actor no longer answers
+                    logger.info("interrupted: a learner's result not taken (%s)",
+                                type(e).__name__)
+        try:
+            if self.inflight:
+                self.client.cancel(list(self.inflight))
+        except Exception:
+            logger.debug("cancelling at the end", exc_info=True)
+        self.inflight.clear()
+        self._discarded(self.policy.discard_all())
+        written = self.final_checkpoint()
+        final = self.final_evaluation(self._evaluate_now)  # the last one; none is started
+        return self.end(self._summary(final, self.final_actor_metrics()),
+                        extra=self.interrupted_extra(written))
+
+    def _summary(self, final: Evaluation | None, pulls: dict) -> LearnerSummary:
         fields = self.trainer_summary(final, pulls)
         busy = max(fields["wall_s"] * fields["worker_threads"], 1e-9)
         a = self.accounting
-        summary = LearnerSummary(
+        return LearnerSummary(
             **fields, strategy=self.cfg.aggregation.strategy,
             rollout_slots=self.policy.slots, env_steps_collected=a.env_steps_collected,
             trajectories_produced=a.trajectories_produced,
@@ -687,4 +767,3 @@ class Driver(Trainer):
             rollout_time_share=a.rollout_busy_s / busy,
             rollout_pulls=pulls["actor/rollout_pulls"],
             rollout_loads=pulls["actor/rollout_loads"])
-        return self.end(summary)

@@ -16,7 +16,6 @@ import logging
 import time
 
 import numpy as np
-from distributed import wait
 
 from dask_rl.algos import es
 from dask_rl.config import ConfigError, public_dict
@@ -25,7 +24,7 @@ from dask_rl.data.summary import ESSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat, make_policy
 from dask_rl.models.normalizer import empty_moments, merge_moments
-from dask_rl.runtime.run import RunFailed
+from dask_rl.runtime.run import Abandoned, RunFailed
 from dask_rl.runtime.tasks import es_evaluate_task, es_noiseless_task, es_update_task
 from dask_rl.runtime.trainer import MAX_CONSECUTIVE_FAILURES, Trainer
 from dask_rl.staleness.asynchronous import AsyncConfig
@@ -73,31 +72,51 @@ class ESDriver(Trainer):
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> ESSummary:
         try:
-            self.open()
-            self.metrics.write("run", {"event": "start", "config": public_dict(self.cfg),
-                                       "num_params": self.num_params})
-            while self.stop_reason is None:
-                reason = self.budget_reason()
-                if reason is not None:
-                    self.stop_reason = reason
-                    break
-                self._generation()
-                self.check_heartbeat()
-                self.maybe_checkpoint()
-                self.housekeeper.maybe_tidy()
-            self.checkpoint()  # the final policy is safe before the last calls
-            final = self.final_evaluation(self._noiseless_now)
-            cfg = self.cfg.algo
-            return self.end(ESSummary(**self.trainer_summary(final), generations=self.generation,
-                                      population=2 * cfg.pairs,
-                                      pairs_per_task=cfg.pairs_per_task))
+            try:
+                self.open()
+                self.metrics.write("run", {"event": "start", "config": public_dict(self.cfg),
+                                           "num_params": self.num_params})
+                while self.stop_reason is None:
+                    reason = self.budget_reason()
+                    if reason is not None:
+                        self.stop_reason = reason
+                        break
+                    self._generation()
+                    self.check_heartbeat()
+                    self.maybe_checkpoint()
+                    self.housekeeper.maybe_tidy()
+                if not self.interrupted:
+                    self.checkpoint()  # the final policy is safe before the last calls
+                    final = self.final_evaluation(self._noiseless_now)
+                    return self.end(self._summary(final, self.trainer_summary(final)))
+            except Abandoned as e:  # interrupted while waiting on something that did not end
+                logger.info("interrupted: %s", e)
+            return self._finish_interrupted()
         except RunFailed:
             raise
-        except Exception:
+        except Exception as e:
+            if self.interrupted and hasattr(self, "metrics"):
+                # a cluster going with the signal: the end still comes, with its summary
+                logger.warning("interrupted: %s", " ".join(
+                    f"{type(e).__name__}: {e}".split())[:300])
+                return self._finish_interrupted()
             self.check_scheduler()  # a lost scheduler is one line, not this traceback
             raise
         finally:
             self.close()
+
+    def _finish_interrupted(self) -> ESSummary:
+        """An interrupted run's end (see the driver's): a final checkpoint only if the actor
+        answers in time, no new evaluation, the driver's counters where the actor is silent."""
+        written = self.final_checkpoint()
+        final = self.final_evaluation(self._noiseless_now)  # the last one; none is started
+        return self.end(self._summary(final, self.trainer_summary(
+            final, self.final_actor_metrics())), extra=self.interrupted_extra(written))
+
+    def _summary(self, final: Evaluation | None, fields: dict) -> ESSummary:
+        cfg = self.cfg.algo
+        return ESSummary(**fields, generations=self.generation, population=2 * cfg.pairs,
+                         pairs_per_task=cfg.pairs_per_task)
 
     def _noiseless_now(self, episodes: int, seed: int) -> Evaluation:
         """A noiseless evaluation of the current mean parameters, waited for (retried across
@@ -128,13 +147,17 @@ class ESDriver(Trainer):
         ``timeout`` bounds the wait (a short task that does not finish in it has failed).
         """
         try:
-            if timeout is not None:
-                wait(futures, timeout=timeout)  # TimeoutError: handled as a failure below
+            # polled: an interrupt gives it up (Abandoned); its timeout fails it (below)
+            self.wait_all(futures, timeout, first_error=True)
             result = self.client.gather(futures)
             self.failures = 0
             return result
         except Exception as e:
             self.client.cancel([*futures, *also])
+            if isinstance(e, Abandoned):
+                raise
+            if self.interrupted:  # no recovery nor redo on a cluster that may be going
+                raise Abandoned(f"an ES task failed: {type(e).__name__}") from e
             if not self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
                 self.on_actor_lost(f"an ES task failed and the parameter actor is gone: {e!r}")
                 return None

@@ -154,8 +154,19 @@ class PBTDriver(Run):
         self.lineage.append(record)
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def checkpoint(self) -> str:
-        """The controller's state; each member checkpoints itself in its own directory."""
+    def checkpoint(self) -> str | None:
+        """The controller's state; each member checkpoints itself in its own directory. A
+        write that fails (any error of the store) keeps the previous checkpoint and is
+        logged (``checkpoint_failed``)."""
+        try:
+            return self._write_checkpoint()
+        except Exception as e:
+            logger.warning("could not write the population's checkpoint (%s); the previous "
+                           "one is kept", " ".join(f"{type(e).__name__}: {e}".split())[:300])
+            self.metrics.write("checkpoint_failed", {"error": repr(e)[:1000]})
+            return None
+
+    def _write_checkpoint(self) -> str:
         state = {"hparams": [dict(m.hparams) for m in self.members],
                  "next_ready": list(self.next_ready), "rng": self.rng.bit_generator.state,
                  "scores": {str(k): v for k, v in self.scores.items()},
@@ -163,11 +174,14 @@ class PBTDriver(Run):
                  "lineage": self.lineage}
         return self.store.save({"pbt": state},
                                meta={"algorithm": f"pbt-{self.cfg.algo.name}",
-                                     "env_id": self.cfg.env.name, "config": public_dict(self.cfg)})
+                                     "env_id": self.cfg.env.name, "config": public_dict(self.cfg),
+                                     "run_id": self.store_location.run_id})
 
     def _restore(self) -> dict:
-        state, _, name = self.store.load_latest_good(
-            expect={"algorithm": f"pbt-{self.cfg.algo.name}", "env_id": self.cfg.env.name})
+        expect = {"algorithm": f"pbt-{self.cfg.algo.name}", "env_id": self.cfg.env.name}
+        if self.store_location.run_id is not None:  # never another run's checkpoint
+            expect["run_id"] = self.store_location.run_id
+        state, _, name = self.store.load_latest_good(expect=expect)
         s = state["pbt"]
         self.next_ready = [int(x) for x in s["next_ready"]]
         self.rng.bit_generator.state = s["rng"]
@@ -199,7 +213,8 @@ class PBTDriver(Run):
                 exploits=sum(r["event"] == "exploit" and r["member"] == i
                              for r in self.lineage),
                 run_dir=str(m.run_dir)))
-        best = max(members, key=lambda m: m.final_return)
+        # an interrupted member may end with no evaluation and no actor metrics (None)
+        best = max(members, key=lambda m: -np.inf if m.final_return is None else m.final_return)
         firsts = [m.first_score for m in members if m.first_score is not None]
         target = self.members[0].target
         results = list(self.results.values())
@@ -213,10 +228,16 @@ class PBTDriver(Run):
             solved=self.results[best.member].solved,
             confirmation=self.results[best.member].confirmation,
             stop_reason=self.stop_reason or "members_done",
-            staleness_mean=float(np.mean([r.staleness_mean for r in results])),
-            staleness_max=max(r.staleness_max for r in results),
+            staleness_mean=_mean_known([r.staleness_mean for r in results]),
+            staleness_max=max((r.staleness_max for r in results
+                               if r.staleness_max is not None), default=None),
             recoveries=sum(r.recoveries for r in results),
             best_member=best.member, initial_worst_return=min(firsts) if firsts else None,
             exploits=sum(r["event"] == "exploit" for r in self.lineage),
             members=members, lineage=self.lineage)
         return self.end(summary, omit=("lineage", "members"))
+
+
+def _mean_known(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None

@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import abc
 import collections
+import dataclasses
 import logging
 import os
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
-from distributed import Client
+from distributed import Client, Future, wait
 
 from dask_rl.checkpoint import CheckpointStore, StoreLocation
 from dask_rl.config import ConfigError, PipelineConfig
@@ -43,9 +44,24 @@ from dask_rl.data.metrics import TOPIC, MetricsLog
 from dask_rl.data.summary import RunSummary
 from dask_rl.envs import reward_threshold, solved_episodes
 from dask_rl.runtime.plugins import register_torch_sizeof
-from dask_rl.tracking import Trackers
+from dask_rl.tracking import Trackers, redact
 
 logger = logging.getLogger(__name__)
+
+# An interrupted run ends on one clock started by the signal (SIGINT/SIGTERM to the process
+# group reaches the embedded workers too: the actor's may be gone). A wait that was in flight
+# when the signal came is given up INTERRUPT_GRACE_S after it; the end's own steps have their
+# marks after it (Driver/ES), all before INTERRUPT_DEADLINE_S, which leaves the rest of the
+# 30 s a user or an orchestrator waits before killing to close the cluster (a loaded 2-core
+# machine took 8 s to close an embedded one).
+INTERRUPT_GRACE_S = 5.0
+INTERRUPT_DEADLINE_S = 15.0
+POLL_S = 0.25   # waits poll this often, so that an interrupt is seen within it
+
+
+class Abandoned(Exception):
+    """Work given up because the run was interrupted and its time to end ran out (its
+    workers may be going: waiting longer could wait forever)."""
 
 
 class RunFailed(RuntimeError):
@@ -55,6 +71,15 @@ class RunFailed(RuntimeError):
     def __init__(self, message: str, summary: dict):
         super().__init__(message)
         self.summary = summary
+
+
+def _with_extra(summary: RunSummary, extra: dict[str, Any]) -> RunSummary:
+    """``summary`` as an instance of a subclass of its type with the ``extra`` fields too."""
+    cls = dataclasses.make_dataclass(
+        type(summary).__name__, [(k, Any, dataclasses.field(default=None)) for k in extra],
+        bases=(type(summary),))
+    fields = {f.name: getattr(summary, f.name) for f in dataclasses.fields(summary)}
+    return cls(**fields, **extra)
 
 
 class Run(abc.ABC):
@@ -109,6 +134,9 @@ class Run(abc.ABC):
         self.screenings: list[float] = []   # screening returns in order (sweeps prune on them)
         self.trackers: Trackers | None = None   # TensorBoard / MLflow, if the pipeline asks
         self.ended = False                       # the end record was written
+        # the interrupt's clock (monotonic), and how long after it a wait may still go on
+        self.interrupted_at: float | None = None
+        self.abandon_after = INTERRUPT_GRACE_S
 
     @abc.abstractmethod
     def run(self) -> RunSummary:
@@ -124,9 +152,11 @@ class Run(abc.ABC):
         if self.cfg.logging.tensorboard or self.cfg.logging.mlflow is not None:
             try:
                 self.trackers = Trackers(self.cfg, self.run_dir, resume=self.resume)
+            except ConfigError:   # already one line, credentials redacted
+                raise
             except Exception as e:  # a wrong tracking URI: said now, not after hours of training
                 raise ConfigError(f"logging: cannot open the trackers: "
-                                  f"{' '.join(str(e).split())[:300]}") from None
+                                  f"{redact(' '.join(str(e).split()))[:300]}") from None
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", sink=self._publish,
                                   run=self.run_name)
         path = self.cfg.checkpoint.path
@@ -161,7 +191,10 @@ class Run(abc.ABC):
             if hasattr(self, key):
                 summary[key] = getattr(self, key)
         if hasattr(self, "metrics"):
-            self.metrics.write("run", {"event": "failed", **summary})
+            try:
+                self.metrics.write("run", {"event": "failed", **summary})
+            except ValueError:  # its file is closed (the driver ended): summary.json still says
+                logger.debug("the failure not in metrics.jsonl", exc_info=True)
         resume = f"; the latest checkpoint ({latest}) is intact: --resume continues" \
             if latest else ""
         return RunFailed(f"{reason}{resume}", summary)
@@ -239,18 +272,93 @@ class Run(abc.ABC):
     def interrupt(self, reason: str = "interrupted") -> None:
         """Stop soon (Ctrl-C, or a sweep pruning the run with ``reason="pruned"``): no new
         work, a final checkpoint and summary, no final evaluation when one exists already.
-        Safe to call from a signal handler and from another thread."""
+        Safe to call from a signal handler and from another thread.
+
+        An interrupt (``reason="interrupted"``) also starts the clock of :attr:`interrupted`:
+        the run then ends within :data:`INTERRUPT_DEADLINE_S` whatever is in flight, without
+        new evaluations or recoveries (its workers may be going), and says ``interrupted``
+        even if it was already ending on a budget (that end is cut short) — not if solved."""
+        if reason == "interrupted" and self.interrupted_at is None:
+            self.interrupted_at = time.monotonic()
+            if self.stop_reason in ("env_steps", "wall_s"):
+                self.stop_reason = reason
         if self.stop_reason is None:
             self.stop_reason = reason
 
-    def final_evaluation(self, evaluate: Callable[[int, int], Evaluation]) -> Evaluation:
+    @property
+    def interrupted(self) -> bool:
+        """Interrupted: the end runs on the interrupt's clock (:meth:`wait_for`)."""
+        return self.interrupted_at is not None
+
+    def _cut(self, timeout: float | None, start: float) -> tuple[float | None, bool]:
+        """When a wait begun at ``start`` must end, and whether that is the interrupt's cut."""
+        end = None if timeout is None else start + timeout
+        if self.interrupted_at is None:
+            return end, False
+        cut = self.interrupted_at + self.abandon_after
+        return (cut, True) if end is None or cut < end else (end, False)
+
+    def wait_for(self, fut, timeout: float | None = None):
+        """``fut.result(timeout)`` of a Dask or actor future, given up :attr:`abandon_after`
+        seconds after an interrupt (also one that comes while it waits): then
+        :class:`Abandoned`. Its own timeout raises TimeoutError as ``result`` does."""
+        start = time.monotonic()
+        while True:
+            end, cut = self._cut(timeout, start)
+            step = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+            if step <= 0:
+                if fut.done():   # finished meanwhile: its result or its error
+                    return fut.result()
+                if cut:
+                    raise Abandoned("interrupted while waiting for a result")
+                raise TimeoutError(f"no result within {timeout} s")
+            try:
+                if isinstance(fut, Future):
+                    # distributed's Future.result(timeout) can fail with UnboundLocalError
+                    # when its wait times out (dask/distributed#8514): wait, then take it
+                    wait([fut], timeout=step)
+                    return fut.result()
+                return fut.result(timeout=step)
+            except TimeoutError:
+                if fut.done():   # the task's own TimeoutError, or done just after the wait
+                    return fut.result()
+
+    def wait_all(self, futures: list, timeout: float | None = None, *,
+                 first_error: bool = False) -> None:
+        """``distributed.wait(futures, timeout)`` of Dask futures, given up like
+        :meth:`wait_for`; with ``first_error``, also done as soon as one has failed (as
+        ``Client.gather`` raises)."""
+        start = time.monotonic()
+        while True:
+            end, cut = self._cut(timeout, start)
+            step = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+            if all(f.done() for f in futures) or (
+                    first_error and any(f.status == "error" for f in futures)):
+                return
+            if step <= 0:
+                if cut:
+                    raise Abandoned("interrupted while waiting for tasks")
+                raise TimeoutError(f"{sum(not f.done() for f in futures)} tasks not done "
+                                   f"within {timeout} s")
+            try:
+                wait(futures, timeout=step)
+                return
+            except TimeoutError:
+                pass
+
+    def final_evaluation(self, evaluate: Callable[[int, int], Evaluation]
+                         ) -> Evaluation | None:
         """The evaluation the summary reports, of the final policy: the confirmation that
         solved the run (or, for an interrupted run, the last evaluation), or a new screening
         — followed by a confirmation when it reaches the target, so that ``solved`` is always
-        judged on ``confirm_episodes`` fresh episodes. ``evaluate(episodes, seed)``."""
+        judged on ``confirm_episodes`` fresh episodes. ``evaluate(episodes, seed)``. None for
+        an interrupted run that has no evaluation: none is started on a cluster that may be
+        going."""
         if self.stop_reason == "solved" and self.confirmation is not None:
             return self.confirmation
         self.confirmation = None  # one of an earlier policy says nothing of the final one
+        if self.interrupted:
+            return self.last_eval
         if self.stop_reason in ("interrupted", "pruned") and self.last_eval is not None:
             return self.last_eval
         result = evaluate(self.cfg.stop.eval_episodes, 10_000 + self.evals + 1)
@@ -281,8 +389,12 @@ class Run(abc.ABC):
             eval_return=last if eval_return is None else eval_return,
             dashboard=self.dashboard, screenings=tuple(self.screenings)))
 
-    def end(self, summary: RunSummary, *, omit: tuple[str, ...] = ()) -> RunSummary:
-        """Write the run's end record (the summary, less the ``omit`` keys); returns it."""
+    def end(self, summary: RunSummary, *, omit: tuple[str, ...] = (),
+            extra: dict[str, Any] | None = None) -> RunSummary:
+        """Write the run's end record (the summary, less the ``omit`` keys); returns it.
+        ``extra``: more keys for ``summary.json`` (an interrupted run's ``final_checkpoint``)."""
+        if extra:
+            summary = _with_extra(summary, extra)
         record = {k: v for k, v in summary.to_dict().items() if k not in omit}
         self.metrics.write("run", {"event": "end", **record})
         self.ended = True

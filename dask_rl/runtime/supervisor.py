@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from distributed import Client
@@ -47,11 +47,16 @@ class ActorSupervisor:
         :attr:`~dask_rl.algos.base.Needs.target_network_every`); None keeps none.
     workers
         Where the actor may live (e.g. a parameter worker group); None for anywhere.
+    wait
+        ``wait(future, timeout)``: how its waits block (default ``future.result(timeout)``);
+        the driver's gives up when the run is interrupted
+        (:meth:`~dask_rl.runtime.run.Run.wait_for`).
     """
 
     def __init__(self, client: Client, cfg: PipelineConfig, name: str, params: np.ndarray, *,
                  moments: dict | None = None, aggregation: Any = None, optimizer: str = "sgd",
-                 target_every: int | None = None, workers: list[str] | None = None):
+                 target_every: int | None = None, workers: list[str] | None = None,
+                 wait: Callable[[Any, float | None], Any] | None = None):
         self.client = client
         self.cfg = cfg
         self.name = name
@@ -61,6 +66,7 @@ class ActorSupervisor:
         self.optimizer = optimizer
         self.target_every = target_every
         self.workers = workers
+        self._wait = wait or (lambda future, timeout: future.result(timeout=timeout))
         self.generation = itertools.count()
         self.last_beat = time.monotonic()
         self.handle = self._create()
@@ -84,7 +90,7 @@ class ActorSupervisor:
             actor=True, pure=False, key=f"parameter-actor-{generation}-{self.name}",
             **placement)
         try:
-            actor = future.result(timeout=max(cfg.checkpoint.actor_timeout_s, 60.0))
+            actor = self._wait(future, max(cfg.checkpoint.actor_timeout_s, 60.0))
         except TimeoutError:
             raise RuntimeError(
                 f"the parameter actor could not be created within "
@@ -104,7 +110,7 @@ class ActorSupervisor:
         """Whether the actor answers a ping within ``timeout`` seconds."""
         timeout = self.cfg.checkpoint.actor_timeout_s if timeout is None else timeout
         try:
-            self.handle.submit("ping").result(timeout=timeout)
+            self._wait(self.handle.submit("ping"), timeout)
             return True
         except Exception as e:  # the actor's worker is gone or the call timed out
             logger.warning("parameter actor did not answer a ping: %r", e)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import collections
 import logging
+import threading
 import time
 from typing import Any
 
@@ -32,12 +33,18 @@ from dask_rl.runtime.cluster import rl_page
 from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.housekeeping import Housekeeper
 from dask_rl.runtime.plugins import RunState
-from dask_rl.runtime.run import Run, RunFailed
+from dask_rl.runtime.run import INTERRUPT_DEADLINE_S, Abandoned, Run, RunFailed
 from dask_rl.runtime.supervisor import ActorSupervisor
 
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 5  # tasks of one kind (or ES generations) failing in a row end a run
+# An interrupted run's end, in seconds after the signal (Run.abandon_after): the final
+# checkpoint (the actor's state, the workers' replay writes) is given up by the first mark, the
+# actor's final metrics by the second; the summary then needs no cluster.
+FINAL_CHECKPOINT_BY_S = INTERRUPT_DEADLINE_S - 5.0
+FINAL_METRICS_BY_S = INTERRUPT_DEADLINE_S - 3.0
+RELEASE_WAIT_S = 2.0  # an interrupted run's release of its worker plugin, at most
 
 
 class Trainer(Run):
@@ -117,13 +124,18 @@ class Trainer(Run):
         self.last_checkpoint = time.monotonic()
         params, moments = self.initial_params()
         self.num_params = len(params)
+        if self.interrupted:  # before there was anything to save: nothing is started
+            raise Abandoned("interrupted before the run started")
         self._register_plugin(RunState(self.run_name, cfg, **self.plugin_options()))
         self.dashboard = rl_page(self.client)
         self.housekeeper = Housekeeper(self.client)
         if self.dashboard:
             logger.info("dashboard: %s", self.dashboard)
+        if self.interrupted:  # before there was anything to save: nothing is started
+            raise Abandoned("interrupted before the parameter actor was created")
         self.supervisor = ActorSupervisor(self.client, cfg, self.run_name, params,
-                                          moments=moments, **self.actor_options())
+                                          moments=moments, wait=self.wait_for,
+                                          **self.actor_options())
         if self.resume:
             self._restore()
         elif self.checkpoint() is None:  # recovery always has a checkpoint to return to
@@ -148,10 +160,12 @@ class Trainer(Run):
         on; the next attempt comes after ``checkpoint.every_s``. Returns the name, or None.
         """
         t0 = time.perf_counter()
+        self.metrics.write("phase", {"phase": "checkpoint", "event": "start",
+                                     "env_steps": self.env_steps})
         actor_state = self.actor_call("state_dict")
         try:
             return self._write_checkpoint(actor_state, t0)
-        except RunFailed:
+        except (RunFailed, Abandoned):
             raise
         except Exception as e:  # OSError, Zarr's own errors, a replay write that failed...
             # the actor's state is already here and nothing was published: keep the previous
@@ -241,8 +255,15 @@ class Trainer(Run):
         """
         for attempt in range(self.cfg.checkpoint.max_recoveries + 1):
             try:
-                return self.actor.call(method, *args, **kwargs)
+                # the driver's call, polled so that an interrupt cuts it short
+                return self.wait_for(self.actor.submit(method, *args, **kwargs),
+                                     self.actor.timeout)
+            except Abandoned:
+                raise
             except Exception as e:  # lost worker, closed comm, timeout, cancelled actor...
+                if self.interrupted:  # no recovery on a cluster that may be going
+                    raise Abandoned(f"the parameter actor did not answer {method} "
+                                    f"({type(e).__name__})") from e
                 if self.supervisor.alive(timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
                     raise
                 self.on_actor_lost(f"the parameter actor is gone ({type(e).__name__} during "
@@ -257,6 +278,8 @@ class Trainer(Run):
         """Every ``checkpoint.heartbeat_s``: recover an actor that does not answer (and give
         up at once if the scheduler is gone)."""
         self.check_scheduler()
+        if self.interrupted:  # a missed beat now is the workers going: nothing to recover
+            return
         if self.supervisor.heartbeat_due() and not self.supervisor.alive():
             self.on_actor_lost("the parameter actor missed its heartbeat")
 
@@ -266,8 +289,11 @@ class Trainer(Run):
         What the rollback throws away is counted: the updates applied since the checkpoint
         and the env steps their learners learned from. More than ``checkpoint.max_recoveries``
         losses within ``checkpoint.recovery_window_s`` (a crash loop) end the run with a
-        RuntimeError naming the cause.
+        RuntimeError naming the cause. An interrupted run recovers nothing: its workers may be
+        going (:class:`~dask_rl.runtime.run.Abandoned`).
         """
+        if self.interrupted:
+            raise Abandoned(f"interrupted; not recovering: {reason}")
         self.check_scheduler()
         cfg = self.cfg.checkpoint
         now = time.monotonic()
@@ -313,17 +339,81 @@ class Trainer(Run):
         return name
 
     # ---- the end -------------------------------------------------------------------------------
-    def trainer_summary(self, final: Evaluation,
+    def final_checkpoint(self) -> str | None:
+        """An interrupted run's last checkpoint, if the actor answers by
+        ``FINAL_CHECKPOINT_BY_S`` after the signal (with the workers' replay writes); else None,
+        and the previous checkpoint stands."""
+        if not hasattr(self, "supervisor"):  # interrupted before the actor existed
+            return None
+        if self._actor_worker_gone():
+            logger.warning("no final checkpoint: the parameter actor's worker is gone; the "
+                           "previous one stands")
+            return None
+        self.abandon_after = FINAL_CHECKPOINT_BY_S
+        try:
+            return self.checkpoint()
+        except Exception as e:  # Abandoned, a comm closed by a worker going...
+            logger.warning("no final checkpoint (%s); the previous one stands",
+                           " ".join(f"{type(e).__name__}: {e}".split())[:200])
+            return None
+
+    def final_actor_metrics(self) -> dict[str, Any]:
+        """The actor's metrics for the summary; an interrupted run whose actor does not answer
+        by ``FINAL_METRICS_BY_S`` after the signal gets what the driver knows instead (None for
+        what only the actor knows)."""
+        if not self.interrupted:
+            return self.actor_call("metrics")
+        self.abandon_after = FINAL_METRICS_BY_S
+        try:
+            if hasattr(self, "supervisor") and not self._actor_worker_gone():
+                return self.actor_call("metrics")
+        except Exception as e:
+            logger.warning("the parameter actor did not give its final metrics (%s); the "
+                           "summary has the driver's counters", type(e).__name__)
+        return {"version": self.updates, "staleness/mean": None, "staleness/max": None,
+                "staleness/histogram": [], "gradients/applied": None,
+                "gradients/dropped": None, "gradients/rejected": None,
+                "gradients/weight_sum": None, "pushes/refused": None, "actor/apply_s": None,
+                "actor/rollout_pulls": None, "actor/rollout_loads": None}
+
+    def _actor_worker_gone(self) -> bool:
+        """Whether the scheduler has lost the actor's worker (a call to it would retry its
+        connection for Dask's connect timeout, 30 s, before failing)."""
+        try:
+            return self.supervisor.address not in self.client.nthreads()
+        except Exception:  # the scheduler does not answer either
+            return True
+
+    def interrupted_extra(self, written: str | None) -> dict[str, Any] | None:
+        """An interrupted run's ``summary.json`` keys: whether its final checkpoint was
+        written, and the newest there is."""
+        if not self.interrupted:
+            return None
+        try:
+            latest = self.store.latest() if hasattr(self, "store") else None
+        except Exception:  # a damaged pointer: --resume falls back by itself
+            latest = None
+        return {"final_checkpoint": written is not None, "latest_checkpoint": latest}
+
+    def trainer_summary(self, final: Evaluation | None,
                         actor_metrics: dict | None = None) -> dict[str, Any]:
         """The fields of :class:`~dask_rl.data.summary.TrainerSummary` (the caller wrote the
         final checkpoint), from ``actor_metrics`` (the actor's final metrics, asked for if
-        not given)."""
-        actor_metrics = actor_metrics or self.actor_call("metrics")
+        not given). ``final`` is None for an interrupted run without an evaluation."""
+        actor_metrics = actor_metrics or self.final_actor_metrics()
         wall = self.elapsed()
+        apply_s = actor_metrics["actor/apply_s"]
+        try:
+            threads = sum(self.client.nthreads().values())
+        except Exception:  # an interrupted run's cluster may be going
+            if not self.interrupted:
+                raise
+            threads = 0
         return {
             "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
             "env_steps": self.env_steps, "updates": actor_metrics["version"], "wall_s": wall,
-            "final_return": final.mean_return, "best_return": self.best_return,
+            "final_return": final.mean_return if final is not None else None,
+            "best_return": self.best_return,
             "target_return": self.target,
             "solved": self.solved(),
             "confirmation": self.confirmation.record() if self.confirmation else None,
@@ -331,7 +421,8 @@ class Trainer(Run):
             "staleness_mean": actor_metrics["staleness/mean"],
             "staleness_max": actor_metrics["staleness/max"],
             "recoveries": self.recoveries, "run": self.run_name,
-            "steps_per_s": self.steps_per_s(), "final_return_std": final.std_return,
+            "steps_per_s": self.steps_per_s(),
+            "final_return_std": final.std_return if final is not None else None,
             "staleness_histogram": actor_metrics["staleness/histogram"],
             "gradients_applied": actor_metrics["gradients/applied"],
             "gradients_dropped": actor_metrics["gradients/dropped"],
@@ -341,8 +432,8 @@ class Trainer(Run):
             "env_steps_discarded": self.env_steps_discarded,
             "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
             "episodes": self.episodes,
-            "actor_apply_share": actor_metrics["actor/apply_s"] / max(wall, 1e-9),
-            "worker_threads": sum(self.client.nthreads().values()),
+            "actor_apply_share": apply_s / max(wall, 1e-9) if apply_s is not None else None,
+            "worker_threads": threads,
         }
 
     def step_per_gradient(self, actor_metrics: dict) -> float | None:
@@ -356,10 +447,20 @@ class Trainer(Run):
         return alpha0 * actor_metrics["gradients/weight_sum"] / applied
 
     def close(self, inflight: list | None = None) -> None:
-        try:
-            if inflight:
-                self.client.cancel(inflight)
-            self.client.unregister_worker_plugin(self.run_name)
-        except Exception:
-            logger.debug("closing the run", exc_info=True)
+        def release() -> None:
+            try:
+                if inflight:
+                    self.client.cancel(inflight)
+                self.client.unregister_worker_plugin(self.run_name)
+            except Exception:
+                logger.debug("closing the run", exc_info=True)
+
+        if self.interrupted:
+            # workers that are going hold the plugin's removal up for the comms' timeouts (10 s
+            # measured): it is tried, not waited for; closing the cluster still needs the time
+            helper = threading.Thread(target=release, daemon=True, name="dask-rl-release")
+            helper.start()
+            helper.join(RELEASE_WAIT_S)
+        else:
+            release()
         super().close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import dask_rl
-from dask_rl.checkpoint import CheckpointStore
+from dask_rl.checkpoint import CheckpointStore, StoreLocation
 from dask_rl.data.metrics import read_metrics
 from dask_rl.runtime.run import RunFailed
 from dask_rl.runtime.run_lock import RunLock
@@ -254,14 +254,18 @@ def test_pbt_members_under_one_checkpoint_path_keep_their_own_stores(local_clien
                                       "checkpoint.every_s=1"])
     members = result.summary["members"] if "members" in result.summary else None
     n = 4 if members is None else len(members)
-    seeds = set()
+    seeds, stores = set(), set()
     for i in range(n):
-        store = CheckpointStore(f"{path}/members/m{i}")
-        state, meta = store.load()
+        where = StoreLocation.find(tmp_path / "pbt" / "members" / f"m{i}")
+        assert where.path.startswith(f"{path}/m{i}-")   # <checkpoint.path>/<run-id>
+        state, meta = CheckpointStore(where.path).load()
         seeds.add(meta["config"]["seed"])
-        assert meta["config"]["checkpoint"]["path"] == f"{path}/members/m{i}"
-    assert len(seeds) == n  # each member's store holds that member, never another
-    assert CheckpointStore(f"{path}/population").load()[1]["algorithm"] == "pbt-ppo"
+        stores.add(where.path)
+        assert meta["run_id"] == where.run_id
+    assert len(seeds) == len(stores) == n  # each member's store holds that member, never another
+    population = StoreLocation.find(tmp_path / "pbt")
+    assert population.path not in stores
+    assert CheckpointStore(population.path).load()[1]["algorithm"] == "pbt-ppo"
 
 
 def test_secrets_in_pod_env_never_reach_metrics_or_checkpoints(local_client, tmp_path):
