@@ -301,3 +301,26 @@ def test_workers_paused_for_memory_end_the_run_instead_of_stalling_it(tmp_path):
                           overrides=["checkpoint.stall_s=10", "stop.solve_on_target=false"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "stalled" and summary["env_steps"] > 0
+
+
+def test_an_unexpected_error_in_the_loop_ends_with_one_line_a_summary_and_its_traceback(
+        local_client, tmp_path):
+    run_dir = tmp_path / "run"
+    calls = []
+
+    def progress(p):   # the user's callback, failing in the middle of training
+        calls.append(p.env_steps)
+        if len(calls) == 20:
+            raise ZeroDivisionError("the user's progress callback broke")
+
+    with pytest.raises(RunFailed) as failed:
+        dask_rl.train(CARTPOLE, client=local_client, run_dir=run_dir, progress=progress,
+                      overrides=["stop.env_steps=200000", "stop.solve_on_target=false",
+                                 "checkpoint.every_s=1"])
+    message = str(failed.value)
+    assert "\n" not in message and "ZeroDivisionError" in message and "traceback.txt" in message
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["env_steps"] > 0, summary
+    assert "progress callback broke" in (run_dir / "traceback.txt").read_text()
+    # what was saved is intact: the latest checkpoint loads
+    CheckpointStore(StoreLocation.find(run_dir).path).load()
