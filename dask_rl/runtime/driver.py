@@ -335,8 +335,9 @@ class Driver(Trainer):
         elif task.kind in ("learner", "eval", "confirm", "stats"):
             try:
                 # finished, but its result may be gone with a worker since: Dask recomputes
-                # it, and the recomputation can fail (its actor may be gone too)
-                result = fut.result()
+                # it, and the recomputation can fail (its actor may be gone too) or, on a
+                # cluster that is going, never end (given up once interrupted)
+                result = self.wait_for(fut)
             except Exception as e:
                 self._failed(fut, task, e)
                 return
