@@ -129,7 +129,7 @@ def test_a_wall_clock_step_changes_nothing(tmp_path, local_client, monkeypatch, 
         deadline = time.monotonic() + 200
         while time.monotonic() < deadline:
             path = run_dir / "metrics.jsonl"
-            if path.exists() and sum(r["kind"] == "learner" for r in read_metrics(path)) >= 5:
+            if path.exists() and sum(r["kind"] == "learner" for r in read_metrics(path)) >= 3:
                 clock.offset = step_s
                 return
             time.sleep(0.05)
@@ -139,7 +139,7 @@ def test_a_wall_clock_step_changes_nothing(tmp_path, local_client, monkeypatch, 
     t0 = time.monotonic()
     result = dask_rl.train(PIPELINES / "ppo_cartpole.yaml", client=local_client,
                            run_dir=run_dir,
-                           overrides=["checkpoint.every_s=1", "stop.env_steps=40000",
+                           overrides=["checkpoint.every_s=1", "stop.env_steps=150000",
                                       "stop.wall_s=3600", "stop.solve_on_target=false",
                                       "stop.eval_every_updates=0"])
     took = time.monotonic() - t0
