@@ -183,8 +183,9 @@ CASES = [
      STELLARIS + ["checkpoint.every_s=1"], "call:round_end", 3),
     ("stellaris-checkpoint", "ppo_cartpole_stellaris.yaml",
      STELLARIS + ["checkpoint.every_s=2"], "call:state_dict", 3),
+    # a longer budget: on an idle machine 30k steps can end before the 4th heartbeat
     ("stellaris-heartbeat", "ppo_cartpole_stellaris.yaml",
-     STELLARIS + ["checkpoint.every_s=1"], "heartbeat", 6),
+     STELLARIS + ["checkpoint.every_s=1", "stop.env_steps=60000"], "heartbeat", 4),
     ("sync-expect-learners", "ppo_cartpole_sync.yaml",
      ["stop.env_steps=30000", "checkpoint.every_s=1", *NO_SOLVE], "call:expect_learners", 6),
     ("es-perturbations", "es_cartpole.yaml", ES + ["checkpoint.every_s=1"], "es", 4),
