@@ -129,12 +129,20 @@ def _summary(run_dir):
 
 
 def _store(run_dir):
-    """A trial's checkpoint store: where its run directory says (``store.json``, a path
-    relative to the run directory or absolute), else its own ``checkpoints/``."""
-    where = run_dir / "store.json"
-    if not where.exists():
-        return run_dir / "checkpoints"
-    return run_dir / json.loads(where.read_text())["path"]   # an absolute path stays itself
+    """A trial's checkpoint store, where its run directory says."""
+    from dask_rl.checkpoint import StoreLocation
+
+    return Path(StoreLocation.find(run_dir).path)
+
+
+def _finish(proc, timeout: float) -> int:
+    """The sweep's exit code, or its process group killed once ``timeout`` has passed."""
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
@@ -202,12 +210,7 @@ def test_a_pruned_trial_stops_with_a_final_checkpoint_and_its_summary(tmp_path):
     # the random sampler's draws with seed 41: CartPole, CartPole, then MountainCar twice
     proc = _start(tmp_path, PRUNE_SPACE, PRUNE_SETS, "--trials", "4", "--parallel", "2",
                   "--prune-warmup", "0", "--sampler", "random", "--seed", "41")
-    try:
-        rc = proc.wait(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    rc = _finish(proc, 400)
     assert rc == 0, _log(tmp_path)
     rows = json.loads((tmp_path / "sweep" / "results.json").read_text())["trials"]
     assert [r["params"]["env.id"] for r in rows] == ["CartPole-v1", "CartPole-v1",
@@ -228,22 +231,14 @@ def test_a_pruned_trial_stops_with_a_final_checkpoint_and_its_summary(tmp_path):
 
 
 def test_trials_sharing_a_checkpoint_path_each_keep_a_loadable_store_of_their_own(tmp_path):
-    # NOTE for the lead: this one checks the checkpoint store's change (each run under
-    # <checkpoint.path>/<run-id>/, recorded in RUN_DIR/store.json; issue 33, "a store belongs
-    # to one run"), not the sweep's: it fails on 05b7a36 (a trial dies on Zarr's
-    # ContainsGroupError) and passes from e76a106 on.
+    # each trial is a run of its own, with its own store under <checkpoint.path>/<run-id>/
     from dask_rl.checkpoint import CheckpointStore
 
     shared = tmp_path / "shared-checkpoints"
     sets = ["stop.env_steps=8192", "stop.eval_every_updates=4", "checkpoint.every_s=1",
             "checkpoint.keep=2", f"checkpoint.path={shared}", "cluster.dashboard=false"]
     proc = _start(tmp_path, SPACE, sets, "--trials", "2", "--parallel", "2")
-    try:
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    rc = _finish(proc, 300)
     assert rc == 0, _log(tmp_path)
     rows = json.loads((tmp_path / "sweep" / "results.json").read_text())["trials"]
     assert [r["state"] for r in rows] == ["COMPLETE", "COMPLETE"], rows
