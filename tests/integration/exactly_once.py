@@ -12,14 +12,15 @@ from dask_rl.data.metrics import read_metrics
 from dask_rl.policy import find_store
 
 
-def check_run(run_dir: Path, summary: dict) -> list[dict]:
-    """The run ended on its budget with its ``summary.json``, and every push, update,
-    trajectory, env step and rollback is accounted for; returns the run's records."""
+def check_run(run_dir: Path, summary: dict, budget: str = "env_steps") -> list[dict]:
+    """The run ended on its ``budget`` (``env_steps`` or ``wall_s``) with its ``summary.json``,
+    and every push, update, trajectory, env step and rollback is accounted for; returns the
+    run's records."""
     s = summary
     on_disk = json.loads((run_dir / "summary.json").read_text())
     for key in ("stop_reason", "updates", "recoveries", "gradients_applied", "pushes_refused"):
         assert on_disk[key] == s[key], (key, on_disk[key], s[key])
-    assert s["stop_reason"] == "env_steps", s
+    assert s["stop_reason"] == budget, s
     records = read_metrics(run_dir / "metrics.jsonl")
 
     # exactly once: what the final actor holds (its checkpoint, written after the last push)

@@ -163,35 +163,38 @@ NO_SOLVE = ["stop.solve_on_target=false"]
 ASYNC = ["aggregation.strategy=async", "stop.env_steps=30000", *NO_SOLVE]
 STELLARIS = ["stop.env_steps=30000", *NO_SOLVE]
 ES = ["stop.env_steps=120000", "algo.eval_every=1", *NO_SOLVE]
+# a fault on a clock (the n-th heartbeat or timed checkpoint) lands in a run that lasts a fixed
+# time, not a fixed number of steps: on an idle machine 30k steps can end before the 4th beat
+TIMED = ["stop.env_steps=100000000", "stop.wall_s=12"]
 
-# (id, pipeline, overrides, where, nth): 14 moments over three drivers
+# (id, pipeline, overrides, where, nth): 15 moments over three drivers
 CASES = [
-    ("async-checkpoint-1s", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=1"],
+    ("async-checkpoint-1s", "ppo_cartpole.yaml", ASYNC + TIMED + ["checkpoint.every_s=1"],
      "call:state_dict", 3),
-    ("async-checkpoint-first", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=1"],
+    ("async-checkpoint-first", "ppo_cartpole.yaml", ASYNC + TIMED + ["checkpoint.every_s=1"],
      "call:state_dict", 2),
     ("async-round-end", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=2"],
      "call:round_end", 5),
-    ("async-heartbeat", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=3"], "heartbeat", 4),
+    ("async-heartbeat", "ppo_cartpole.yaml", ASYNC + TIMED + ["checkpoint.every_s=3"],
+     "heartbeat", 4),
     ("async-evaluation", "ppo_cartpole.yaml",
      ASYNC + ["checkpoint.every_s=1", "stop.eval_every_updates=10"], "eval", 2),
     ("async-heartbeat-end-only-checkpoints", "ppo_cartpole.yaml",
-     ASYNC + ["checkpoint.every_s=0"], "heartbeat", 3),
+     ASYNC + TIMED + ["checkpoint.every_s=0"], "heartbeat", 3),
     ("async-end-metrics", "ppo_cartpole.yaml", ASYNC + ["checkpoint.every_s=1"],
      "call:metrics", 1),
     ("stellaris-round-end", "ppo_cartpole_stellaris.yaml",
      STELLARIS + ["checkpoint.every_s=1"], "call:round_end", 3),
     ("stellaris-checkpoint", "ppo_cartpole_stellaris.yaml",
-     STELLARIS + ["checkpoint.every_s=2"], "call:state_dict", 3),
-    # a longer budget: on an idle machine 30k steps can end before the 4th heartbeat
+     STELLARIS + TIMED + ["checkpoint.every_s=2"], "call:state_dict", 3),
     ("stellaris-heartbeat", "ppo_cartpole_stellaris.yaml",
-     STELLARIS + ["checkpoint.every_s=1", "stop.env_steps=60000"], "heartbeat", 4),
+     STELLARIS + TIMED + ["checkpoint.every_s=1"], "heartbeat", 4),
     ("sync-expect-learners", "ppo_cartpole_sync.yaml",
      ["stop.env_steps=30000", "checkpoint.every_s=1", *NO_SOLVE], "call:expect_learners", 6),
     ("es-perturbations", "es_cartpole.yaml", ES + ["checkpoint.every_s=1"], "es", 4),
     ("es-update", "es_cartpole.yaml", ES + ["checkpoint.every_s=1"], "es", 5),
     ("es-noiseless-evaluation", "es_cartpole.yaml", ES + ["checkpoint.every_s=2"], "es", 6),
-    ("es-checkpoint", "es_cartpole.yaml", ES + ["checkpoint.every_s=1"],
+    ("es-checkpoint", "es_cartpole.yaml", ES + TIMED + ["checkpoint.every_s=1"],
      "call:state_dict", 3),
 ]
 
@@ -216,7 +219,7 @@ def test_the_actor_lost_at_any_moment(client, armed, tmp_path, monkeypatch, case
     s = result.summary
     assert fault.fired, f"the run never reached call {nth} of {where}"
     assert s["recoveries"] >= 1, s
-    records = check_run(run_dir, s)
+    records = check_run(run_dir, s, budget="wall_s" if TIMED[-1] in overrides else "env_steps")
     rec = next(r for r in records if r["kind"] == "recovery")
     elsewhere = [r for r in records if r["kind"] == "learner" and r["time"] > rec["time"]
                  and r["worker"] != rec["actor_worker"]]
