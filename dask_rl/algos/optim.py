@@ -65,12 +65,18 @@ class Adam:
 
     def step(self, params: Any, grad: Any, lr: float) -> None:
         self.t += 1
+        bias1 = 1 - self.beta1 ** self.t
+        bias2 = 1 - self.beta2 ** self.t
+        if hasattr(params, "addcdiv_"):  # a torch tensor: fused in-place ops, torch's order
+            self.m.mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
+            self.v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+            denom = (self.v.sqrt() / bias2 ** 0.5).add_(self.eps)
+            params.addcdiv_(self.m, denom, value=-lr / bias1)
+            return
         self.m *= self.beta1
         self.m += (1 - self.beta1) * grad
         self.v *= self.beta2
         self.v += (1 - self.beta2) * grad * grad
-        bias1 = 1 - self.beta1 ** self.t
-        bias2 = 1 - self.beta2 ** self.t
         denom = self.v ** 0.5 / bias2 ** 0.5 + self.eps
         params -= (lr / bias1) * self.m / denom
 

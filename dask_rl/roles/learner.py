@@ -24,6 +24,7 @@ parameters), and pulls and pushes carry the parameters alone.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Callable
 
@@ -143,11 +144,9 @@ class Learner:
             loss, stats = algorithm.loss(model, self._peer, batch)
             grad.zero_()
             loss.backward()
-            if not (torch.isfinite(loss) and torch.isfinite(grad).all()):
+            if not (torch.isfinite(loss) and clipped_and_finite(grad, lcfg.max_grad_norm)):
                 finite = False
                 break
-            if lcfg.max_grad_norm > 0:
-                clip_grad_norm(grad, lcfg.max_grad_norm)
             with torch.no_grad():
                 optimizer.step(flat, grad, lr)
             steps_stats.append(stats)
@@ -211,11 +210,9 @@ class Learner:
                     break
                 grad.zero_()
                 loss.backward()
-                if not torch.isfinite(grad).all():
+                if not clipped_and_finite(grad, lcfg.max_grad_norm):
                     finite = False
                     break
-                if lcfg.max_grad_norm > 0:
-                    clip_grad_norm(grad, lcfg.max_grad_norm)
                 with torch.no_grad():
                     optimizer.step(flat, grad, lr)
                 epoch_stats.append(stats)
@@ -303,6 +300,15 @@ class CrossStats:
                 "learner/cross_exchange_s": self.exchange_s,
                 "learner/cross_forward_passes": self.forward_passes,
                 "learner/cross_forward_s": self.forward_s}
+
+
+def clipped_and_finite(grad: torch.Tensor, max_norm: float) -> bool:
+    """Clip a flat gradient to global norm ``max_norm`` (if > 0) and say whether every entry
+    is finite: the norm is finite when they all are, so one reduction does both (a gradient
+    so large that its norm overflows counts as non-finite; neither is ever applied)."""
+    if max_norm > 0:
+        return math.isfinite(clip_grad_norm(grad, max_norm))
+    return bool(torch.isfinite(grad).all())
 
 
 def clip_grad_norm(grad: torch.Tensor, max_norm: float) -> float:

@@ -295,28 +295,23 @@ class Trainer(Run):
         if self.interrupted:
             raise Abandoned(f"interrupted; not recovering: {reason}")
         self.check_scheduler()
-        cfg = self.cfg.checkpoint
-        now = time.monotonic()
-        self.loss_times.append(now)
-        while self.loss_times and now - self.loss_times[0] > cfg.recovery_window_s:
-            self.loss_times.popleft()
-        if len(self.loss_times) > cfg.max_recoveries:
-            raise self.fail(
-                f"the parameter actor was lost {len(self.loss_times)} times within "
-                f"{cfg.recovery_window_s:g} s (checkpoint.max_recoveries={cfg.max_recoveries}); "
-                f"last: {reason}", "crash_loop")
+        self._count_loss(reason)
         self.recoveries += 1
         logger.warning("recovery %d: %s", self.recoveries, reason)
         before, steps_before = self.updates, self.env_steps
-        for attempt in range(3):  # the new actor's worker may die while it is being loaded
-            self.supervisor.replace()
+        while True:  # the new actor's worker may die while it is made or loaded: another loss
             try:
+                self.supervisor.replace()
                 state, _, name = self.load_checkpoint()
                 break
-            except Exception:
-                if attempt == 2 or self.supervisor.alive(timeout=5.0):
+            except Exception as e:
+                if self.interrupted:
+                    raise Abandoned(f"interrupted; not recovering: {reason}") from e
+                if self.supervisor.alive(timeout=5.0):
                     raise
                 logger.warning("the new parameter actor was lost while loading; again")
+                self._count_loss(f"the new parameter actor was lost while loading "
+                                 f"({type(e).__name__}: {e})")
         # Env steps are not rolled back (the budget counts what was collected): what a rollback
         # loses is what was learned since the checkpoint, or since the last rollback to it.
         kept_steps = max(int(state["driver"]["env_steps"]), self.rolled_back_at)
@@ -337,6 +332,21 @@ class Trainer(Run):
                                         "recoveries": self.recoveries,
                                         "actor_worker": self.supervisor.address})
         return name
+
+    def _count_loss(self, reason: str) -> None:
+        """One more loss of the parameter actor: more than ``checkpoint.max_recoveries``
+        within ``checkpoint.recovery_window_s`` (a crash loop) end the run with a
+        RuntimeError naming the last cause."""
+        cfg = self.cfg.checkpoint
+        now = time.monotonic()
+        self.loss_times.append(now)
+        while self.loss_times and now - self.loss_times[0] > cfg.recovery_window_s:
+            self.loss_times.popleft()
+        if len(self.loss_times) > cfg.max_recoveries:
+            raise self.fail(
+                f"the parameter actor was lost {len(self.loss_times)} times within "
+                f"{cfg.recovery_window_s:g} s (checkpoint.max_recoveries={cfg.max_recoveries}); "
+                f"last: {reason}", "crash_loop")
 
     # ---- the end -------------------------------------------------------------------------------
     def final_checkpoint(self) -> str | None:

@@ -72,7 +72,10 @@ def test_a_worker_killed_inside_a_replay_write_keeps_the_previous_checkpoint(tmp
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
         result = dask_rl.train(PIPELINES / "dqn_cartpole.yaml", client=client, run_dir=run_dir,
-                               overrides=["checkpoint.every_s=3", "stop.env_steps=14000",
+                               # a small, quick learner: what is tested is the replay write
+                               overrides=["model.hidden=[64,64]", "algo.updates_per_task=16",
+                                          "algo.replay_ratio=2",
+                                          "checkpoint.every_s=3", "stop.env_steps=14000",
                                           "stop.solve_on_target=false",
                                           "stop.eval_every_updates=0",
                                           "algo.learning_starts=500",
@@ -139,7 +142,7 @@ def test_a_wall_clock_step_changes_nothing(tmp_path, local_client, monkeypatch, 
     t0 = time.monotonic()
     result = dask_rl.train(PIPELINES / "ppo_cartpole.yaml", client=local_client,
                            run_dir=run_dir,
-                           overrides=["checkpoint.every_s=1", "stop.env_steps=150000",
+                           overrides=["checkpoint.every_s=1", "stop.env_steps=80000",
                                       "stop.wall_s=3600", "stop.solve_on_target=false",
                                       "stop.eval_every_updates=0"])
     took = time.monotonic() - t0

@@ -62,11 +62,18 @@ def test_adaptive_local_cluster_grows_under_load_and_spares_the_actor(tmp_path):
         stop = threading.Event()
 
         def watch():
+            grown = None
             while not stop.is_set():
                 actors = client.run_on_scheduler(
                     lambda dask_scheduler: [w.address for w in dask_scheduler.workers.values()
                                             if w.actors])
                 samples.append((time.time(), len(client.scheduler_info()["workers"]), actors))
+                if grown is None and samples[-1][1] >= 3:
+                    grown = time.time()
+                if grown is not None and time.time() - grown > 8:
+                    # it grew and the actor stayed put while it ran on more workers: the rest
+                    # of the budget is not needed
+                    dask_rl.api.interrupt_running(run_dir=tmp_path / "adaptive")
                 time.sleep(0.5)
 
         watcher = threading.Thread(target=watch, daemon=True)

@@ -47,6 +47,13 @@ def _train_in_background(client, run_dir, **overrides):
     return thread, result
 
 
+def _stop(thread: threading.Thread, run_dir) -> None:
+    """The page was seen: the run's far budget is not needed, it stops with its summary."""
+    dask_rl.api.interrupt_running(run_dir=run_dir)
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the interrupted run did not end"
+
+
 def _records(base: str) -> int:
     return json.loads(_get(base + "/rl/metrics.json")[1])["records"]
 
@@ -69,8 +76,8 @@ def test_rl_page_and_json_advance_during_a_run(dashboard_cluster, tmp_path):
     assert status == 200 and b"bokeh" in html.lower()
     status, status_page = _get(base + "/status")
     assert b'href="rl"' in status_page  # the page sits in Dask's navigation
-    thread.join(timeout=300)
-    assert "summary" in result
+    _stop(thread, tmp_path / "run")
+    assert result["summary"]["stop_reason"] == "interrupted"
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
@@ -114,7 +121,7 @@ def test_a_browser_renders_the_plots(dashboard_cluster, tmp_path):
             shutil.copy(shot, ROOT / "docs" / "dashboard.png")
     finally:
         browser.close()
-    thread.join(timeout=300)
+        _stop(thread, tmp_path / "run")
 
 
 def _short_run(client, run_dir, seed):

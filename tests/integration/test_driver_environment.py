@@ -88,7 +88,8 @@ def test_a_crash_loop_ends_with_exit_1_and_one_line(tmp_path):
     assert last.startswith("dask-rl: failed: the parameter actor was lost 3 times within"), last
     assert "--resume continues" in last
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "crash_loop" and summary["recoveries"] == 2
+    # a loss while the new actor loads counts toward the cap but is not a recovery of its own
+    assert summary["stop_reason"] == "crash_loop" and summary["recoveries"] in (1, 2), summary
     assert CheckpointStore(run_dir / "checkpoints").load()[0]["actor"]["params"].size > 0
     assert len(kills) >= 3
 
@@ -122,7 +123,7 @@ def test_the_scheduler_killed_then_resume_on_a_new_one(tmp_path):
     procs = _start_cluster(port)
     try:
         args = ["--run-dir", str(run_dir), "--no-progress", "--set", "checkpoint.every_s=1",
-                "--set", "stop.env_steps=40000", "--set", "stop.solve_on_target=false",
+                "--set", "stop.env_steps=20000", "--set", "stop.solve_on_target=false",
                 *[x for s in FAST for x in ("--set", s)]]
         proc = _cli("train", str(CARTPOLE), "--address", f"tcp://127.0.0.1:{port}", *args)
         _until(lambda: _learners(run_dir) >= 10 and (run_dir / "checkpoints" / "latest")
@@ -154,7 +155,7 @@ def test_the_scheduler_killed_then_resume_on_a_new_one(tmp_path):
             p.wait()
     assert proc.returncode == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "env_steps" and summary["env_steps"] >= 40000
+    assert summary["stop_reason"] == "env_steps" and summary["env_steps"] >= 20000
     resumes = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "resume"]
     assert resumes and resumes[-1]["env_steps"] == saved_steps
 
@@ -163,7 +164,7 @@ def test_ctrl_c_checkpoints_writes_a_summary_and_resume_continues(tmp_path):
     """Ctrl-C reaches the driver and the embedded workers; the workers ignore it, the driver
     stops after a final checkpoint and summary (exit 130), and --resume finishes the run."""
     run_dir = tmp_path / "run"
-    args = ["--run-dir", str(run_dir), "--no-progress", "--set", "stop.env_steps=60000",
+    args = ["--run-dir", str(run_dir), "--no-progress", "--set", "stop.env_steps=20000",
             "--set", "stop.solve_on_target=false", "--set", "checkpoint.every_s=0"]
     proc = _cli("train", str(CARTPOLE), *args, start_new_session=True)
     _until(lambda: _learners(run_dir) >= 10 or proc.poll() is not None, what="learning")
@@ -184,7 +185,7 @@ def test_ctrl_c_checkpoints_writes_a_summary_and_resume_continues(tmp_path):
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stop_reason"] == "env_steps" and summary["env_steps"] >= 60000
+    assert summary["stop_reason"] == "env_steps" and summary["env_steps"] >= 20000
 
 
 def test_a_full_disk_at_a_checkpoint_and_at_a_metrics_write(local_client, tmp_path,
@@ -230,10 +231,10 @@ def test_a_full_disk_at_a_checkpoint_and_at_a_metrics_write(local_client, tmp_pa
 
     run_dir = tmp_path / "run"
     result = dask_rl.train(CARTPOLE, client=local_client, run_dir=run_dir,
-                           overrides=["checkpoint.every_s=1", "stop.env_steps=50000",
+                           overrides=["checkpoint.every_s=1", "stop.env_steps=24000",
                                       "stop.solve_on_target=false"])
     s = result.summary
-    assert commits["failed"] is not None and s["env_steps"] >= 50000
+    assert commits["failed"] is not None and s["env_steps"] >= 24000
     # a later commit went through (at least the final one), so latest is the run's end
     assert commits["n"] >= 3, commits
     records = read_metrics(run_dir / "metrics.jsonl")

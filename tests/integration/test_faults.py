@@ -94,6 +94,22 @@ def client(armed):
             yield c
 
 
+@pytest.fixture(autouse=True)
+def _three_workers(client):
+    """Each test starts on 3 live workers: a nanny that gave up restarting its killed worker
+    (a slow start on a loaded machine) is replaced, so later tests do not run on fewer."""
+    from distributed.core import Status
+
+    cluster = client.cluster
+    if len(client.scheduler_info(n_workers=-1)["workers"]) < 3:
+        for name, nanny in list(cluster.workers.items()):
+            if nanny.status in (Status.closing, Status.closed, Status.failed):
+                del cluster.workers[name]
+        cluster.sync(cluster._correct_state)
+    client.wait_for_workers(3, timeout=120)
+    yield
+
+
 def kill_actor_worker(trainer) -> None:
     """SIGKILL the worker process that holds ``trainer``'s parameter actor."""
     addr = trainer.supervisor.address
@@ -162,7 +178,7 @@ def _patch(monkeypatch, where: str, fault: Fault) -> None:
 NO_SOLVE = ["stop.solve_on_target=false"]
 ASYNC = ["aggregation.strategy=async", "stop.env_steps=30000", *NO_SOLVE]
 STELLARIS = ["stop.env_steps=30000", *NO_SOLVE]
-ES = ["stop.env_steps=120000", "algo.eval_every=1", *NO_SOLVE]
+ES = ["stop.env_steps=60000", "algo.eval_every=1", *NO_SOLVE]
 # a fault on a clock (the n-th heartbeat or timed checkpoint) lands in a run that lasts a fixed
 # time, not a fixed number of steps: on an idle machine 30k steps can end before the 4th beat
 TIMED = ["stop.env_steps=100000000", "stop.wall_s=12"]
@@ -271,7 +287,7 @@ def test_a_pbt_exploit_whose_member_actor_dies(client, tmp_path, monkeypatch):
         return original(self, loser, winner)
     monkeypatch.setattr(PBTDriver, "_exploit", exploit)
     cfg = dask_rl.api.resolve(PIPELINES / "pbt_cartpole.yaml",
-                              FAST + ["stop.env_steps=30000", "checkpoint.every_s=1",
+                              FAST + ["stop.env_steps=16384", "checkpoint.every_s=1",
                                       # many ready events, half the members exploitable: an
                                       # exploit comes early in every run
                                       "population.ready_env_steps=4096",

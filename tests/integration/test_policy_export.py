@@ -63,7 +63,8 @@ def trained(tmp_path_factory):
         for name, (pipeline, overrides) in RUNS.items():
             run = tmp_path_factory.mktemp(name) / "run"
             dask_rl.train(root / pipeline, client=client, run_dir=run, overrides=[
-                *overrides, "stop.solve_on_target=false", "stop.eval_every_updates=0"])
+                *overrides, "stop.solve_on_target=false", "stop.eval_every_updates=0",
+                "stop.eval_episodes=1"])
             out[name] = run
     _decisive_head(out["pong"])
     return out

@@ -45,8 +45,10 @@ def test_es_resumes_where_it_stopped(local_client, pipelines, tmp_path):
 @pytest.mark.slow
 def test_pbt_changes_hyperparameters_and_beats_the_initial_worst(local_client, pipelines,
                                                                  tmp_path):
+    # a quarter of the shipped budget: 5 rounds of exploits instead of 8
     result = dask_rl.train(pipelines / "pbt_cartpole.yaml", client=local_client,
-                           run_dir=tmp_path / "pbt")
+                           run_dir=tmp_path / "pbt", overrides=[
+                               "stop.env_steps=45000", "population.ready_env_steps=9000"])
     s = result.summary
     assert s["algorithm"] == "pbt-ppo" and len(s["members"]) == 4
     exploits = [r for r in s["lineage"] if r["event"] == "exploit"]

@@ -240,7 +240,7 @@ def test_killing_the_driver_then_resuming(pipelines, tmp_path):
     cmd = [sys.executable, "-m", "dask_rl.cli", "train", str(pipelines / "ppo_cartpole.yaml"),
            "--run-dir", str(run_dir), "--no-progress", "--set", "cluster.dashboard=false",
            "--set", "checkpoint.every_s=1", "--set", "stop.solve_on_target=false",
-           "--set", "stop.env_steps=150000"]
+           "--set", "stop.env_steps=90000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 
@@ -267,7 +267,7 @@ def test_killing_the_driver_then_resuming(pipelines, tmp_path):
     resume = [r for r in records if r["kind"] == "resume"]
     assert resume and resume[-1]["env_steps"] == saved_steps > 0
     assert resume[-1]["updates"] == saved_version > 0
-    assert summary["env_steps"] >= 150_000 and summary["updates"] > saved_version
+    assert summary["env_steps"] >= 90_000 and summary["updates"] > saved_version
     # the throughput is the resumed session's own: its steps over its seconds
     session = (summary["env_steps"] - saved_steps) / (summary["wall_s"] - saved_wall)
     assert summary["steps_per_s"] == pytest.approx(session, rel=0.02), (session, summary)

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 def test_short_soak_keeps_memory_flat_and_loses_nothing(tmp_path):
     import soak
 
-    data = soak.soak(minutes=1.5, sample_s=5.0, workdir=tmp_path)
+    data = soak.soak(minutes=0.75, sample_s=3.0, workdir=tmp_path)
     verdict = soak.check(data, max_growth_mb=64.0)
     assert verdict["nothing_lost"], verdict
     assert verdict["memory_flat"], verdict
