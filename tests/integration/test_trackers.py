@@ -176,7 +176,7 @@ def test_a_tracking_server_that_stops_answering_costs_no_checkpoint(local_client
 
     server = SilentMlflow(lambda path, body: "/runs/log-batch" in path
                           and bool(body.get("metrics")) and len(checkpoints()) >= 2)
-    every_s, wall_s = 2.0, 40
+    every_s, wall_s = 2.0, 25
     try:
         t0 = time.monotonic()
         result = dask_rl.train(
