@@ -23,9 +23,9 @@ import dask_rl
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 RUNS = {  # pipeline, overrides: a few updates each, and a checkpoint at the end
-    "cartpole": ("ppo_cartpole.yaml", ["stop.env_steps=4096"]),
-    "hopper": ("ppo_hopper_stellaris.yaml", ["stop.env_steps=4096"]),
-    "pong": ("ppo_pong.yaml", ["stop.env_steps=2048", "env.num_envs=4", "rollout.steps=64"]),
+    "cartpole": ("ppo_cartpole.yaml", ["stop.env_steps=2048"]),
+    "hopper": ("ppo_hopper_stellaris.yaml", ["stop.env_steps=2048"]),
+    "pong": ("ppo_pong.yaml", ["stop.env_steps=1024", "env.num_envs=4", "rollout.steps=64"]),
 }
 
 # the exported files run in fresh interpreters: argv holds (file, observations, output) triples
