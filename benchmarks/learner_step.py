@@ -8,7 +8,8 @@ gradient steps of 64, what one replay learner task does.
     python benchmarks/learner_step.py --commits 4cef326 HEAD
 
 Writes ``benchmarks/results/learner_step.json``: each commit's task times, their median with a
-bootstrap 95% CI, the ratio of the medians with its CI, the torch version and thread count.
+bootstrap 95% CI, the ratio of the medians with its CI, the commit the script ran from,
+the torch version and thread count.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def main() -> None:
     first, second = commits
     ratio, lo, hi = bootstrap_ratio_ci(times[first], times[second])
     result = {"what": "one dqn_cartpole.yaml replay learner task (128 steps x 64) in one "
-                      "process, seconds", "torch": torch.__version__, "threads": 1,
+                      "process, seconds", "commit": _resolve("HEAD"),
+              "pipeline": "pipelines/dqn_cartpole.yaml (as shipped at each commit)",
+              "torch": torch.__version__, "threads": 1,
               "rounds": args.rounds, "repeats": args.repeats,
               "commits": {c: {"median_s": float(np.median(times[c])),
                               "median_95ci": bootstrap_ci(times[c], np.median),

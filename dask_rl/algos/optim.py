@@ -52,7 +52,8 @@ class SGD:
 
 
 class Adam:
-    """Adam (Kingma & Ba 2015), bias-corrected exactly as ``torch.optim.Adam``."""
+    """Adam (Kingma & Ba 2015, Algorithm 1), bias-corrected exactly as ``torch.optim.Adam``:
+    on tensors in torch's own fused in-place order, on numpy arrays in plain arithmetic."""
 
     name = "adam"
 
