@@ -32,7 +32,10 @@ import sys, time, numpy as np, torch, gymnasium as gym
 torch.set_num_threads(1)
 from dask_rl.config.loader import load_pipeline
 from dask_rl.roles.learner import Learner
-from dask_rl.algos.dqn import Transitions
+try:  # the commit this runs at may predate algos/replay.py
+    from dask_rl.algos.replay import Transitions
+except ImportError:
+    from dask_rl.algos.dqn import Transitions
 from dask_rl.data.results import PolicySnapshot
 cfg = load_pipeline(sys.argv[1])
 env = gym.make(cfg.env.id)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dask_rl.algos import registry
+from dask_rl.algos.base import LearnerAlgorithm
 from dask_rl.config import (
     ConfigError,
     PipelineConfig,
@@ -64,26 +65,6 @@ def with_env(cfg: PipelineConfig, env: Callable[..., Any] | str) -> PipelineConf
     cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, entry_point=env, id=None))
     check_environment(cfg)
     return cfg
-
-
-def trainer_class(cfg: PipelineConfig) -> type:
-    """The driver that runs a pipeline: by the algorithm's family (evolution: ES), then
-    population-based training, else asynchronous learners."""
-    family = registry.get(cfg.algo.name).family
-    if cfg.population is not None and family != "learner":
-        raise ConfigError(f"population: population-based training trains gradient learners, "
-                          f"got algo.name {cfg.algo.name!r}")
-    if family == "evolution":
-        from dask_rl.runtime.es import ESDriver
-
-        return ESDriver
-    if cfg.population is not None:
-        from dask_rl.runtime.pbt import PBTDriver
-
-        return PBTDriver
-    from dask_rl.runtime.driver import Driver
-
-    return Driver
 
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "members", "store.json")
@@ -213,7 +194,7 @@ def _graceful_interrupts():
 
 def check_memory(cfg: PipelineConfig, worker_bytes: int | None) -> None:
     """Refuse rollout sizes that cannot fit a worker (:mod:`dask_rl.control.memory`)."""
-    if registry.get(cfg.algo.name).family != "learner" or not worker_bytes:
+    if not issubclass(registry.get(cfg.algo.name), LearnerAlgorithm) or not worker_bytes:
         return
     from dask_rl.control.memory import check_fits, rollout_bytes
     from dask_rl.envs import env_family, env_spaces
@@ -337,7 +318,7 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
             from dask_rl.runtime.cluster import cluster_worker_bytes
 
             check_memory(cfg, cluster_worker_bytes(c))
-        driver = trainer_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
+        driver = driver_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
         started.append(driver)
         with _RUNNING_LOCK:
             _RUNNING[id(driver)] = driver
@@ -351,6 +332,7 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
         _write_summary(run_dir, summary)
         return summary
 
+    from dask_rl.runtime.families import driver_class
     from dask_rl.runtime.run import RunFailed
 
     with RunLock(run_dir), _graceful_interrupts() as attach:

@@ -47,7 +47,7 @@ from dask_rl.checkpoint import (
 from dask_rl.config import ConfigError, PipelineConfig, from_dict
 from dask_rl.data import PolicySnapshot
 from dask_rl.envs import code_named_by, env_spaces, is_atari, make_env, space_from_dict
-from dask_rl.models import load_snapshot, make_model, make_policy
+from dask_rl.models import DeterministicPolicy, load_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Policy(nn.Module):
         super().__init__()
         self.net = net.eval()
         self.deterministic_net = deterministic_net   # ES: the net maps obs to actions itself
-        self.value_based = registry.get(cfg.algo.name).family == "replay"
+        self.greedy_only = not registry.get(cfg.algo.name).stochastic_policy
         self.observation_space, self.action_space = observation_space, action_space
         self.cfg, self.version = cfg, version
         self.trusted = trusted   # cfg is the user's, or vouched for: its env may be made
@@ -92,7 +92,7 @@ class Policy(nn.Module):
             x = x.unsqueeze(0)
         if deterministic:
             out = self.forward(x)
-        elif self.deterministic_net or self.value_based:
+        elif self.greedy_only:
             raise ValueError("this policy acts greedily only (evolution strategies: a "
                              "deterministic net; DQN: action values, not a distribution); "
                              "use deterministic=True")
@@ -214,21 +214,18 @@ def policy_from_store(store: CheckpointStore, checkpoint: str | None = None, *,
         require_env_trust(cfg.env, trusted, f"{store.root}: the checkpoint records no spaces "
                           f"(an older dask-rl), so its environment must be made")
         obs_space, action_space = env_spaces(cfg.env)
-    family = registry.get(cfg.algo.name).family
+    algorithm = registry.build(cfg.algo)
     actor = state["actor"]
     snapshot = PolicySnapshot(int(actor["version"]), actor["params"], actor.get("moments"))
-    if family == "evolution":
-        net: nn.Module = make_policy(obs_space, action_space, cfg.model,
-                                     normalize_obs=cfg.env.normalize_obs)
-    else:
-        net = make_model(obs_space, action_space, cfg.model,
-                         normalize_obs=cfg.env.normalize_obs)
+    net = algorithm.make_model(obs_space, action_space, cfg.model,
+                               normalize_obs=cfg.env.normalize_obs)
     try:
         load_snapshot(net, snapshot)
     except (RuntimeError, ValueError) as e:
         raise ConfigError(f"{store.root}: the checkpoint does not fit its model: "
                           f"{' '.join(str(e).split())[:200]}") from None
-    return Policy(net, obs_space, action_space, cfg, deterministic_net=family == "evolution",
+    return Policy(net, obs_space, action_space, cfg,
+                  deterministic_net=isinstance(net, DeterministicPolicy),
                   version=snapshot.version,
                   trusted=trusted)
 

@@ -8,10 +8,9 @@ data into losses; the runtime asks it nothing else. Three families exist:
   once per trajectory, then :meth:`~LearnerAlgorithm.loss` on minibatches for
   ``learner.epochs`` x ``learner.minibatches`` Adam steps, and asks
   :meth:`~LearnerAlgorithm.stop_epochs` after each epoch;
-* :class:`ReplayAlgorithm` — value-based learners (DQN) trained on transitions sampled from a
-  replay buffer that stays on the workers (TianJi's replay path): the learner calls
-  :meth:`~ReplayAlgorithm.loss` on each sampled batch; rollouts act epsilon-greedily with
-  :meth:`~ReplayAlgorithm.epsilon`;
+* :class:`~dask_rl.algos.replay.ReplayAlgorithm` — learners on transitions sampled from a
+  replay buffer that stays on the workers (TianJi's replay path; DQN, or SAC/TD3 registered
+  from outside): see :mod:`dask_rl.algos.replay`;
 * ``evolution`` algorithms (ES) — generations of perturbations; their driver uses the pure
   functions of their module.
 
@@ -35,12 +34,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 import torch
 
-from dask_rl.config.schema import AlgoConfig
+from dask_rl.config.schema import AlgoConfig, ModelConfig
 
 if TYPE_CHECKING:
     from dask_rl.data import Trajectory
@@ -64,6 +63,11 @@ class Needs:
     discount: float | None = None
 
 
+#: A strategy's per-sample weight inside a loss: ``(ratio, minibatch) -> weight`` (or None:
+#: weight 1), called with the algorithm's importance ratio ``r = pi_theta / D``.
+SampleWeights = Callable[[torch.Tensor, "Batch"], "torch.Tensor | None"]
+
+
 @dataclass
 class Batch:
     """One trajectory flattened over ``[T, N]`` into tensors, ready for minibatches.
@@ -71,7 +75,8 @@ class Batch:
     ``target_logp`` is set when the algorithm keeps a target network. ``ratio_logp`` is the log
     of the denominator of the algorithm's importance ratio ``r = pi_theta / D`` when it is not
     the behaviour policy ``mu`` (IMPACT's); the learner measures other learners' policies
-    against the same ``D`` for Stellaris' truncation and sets ``cross_ratio_min``.
+    against the same ``D`` for Stellaris' truncation and sets ``cross_ratio_min``, which only
+    the truncation's weight function reads.
     """
 
     obs: torch.Tensor
@@ -100,11 +105,17 @@ class Batch:
 
 
 class Algorithm(abc.ABC):
-    """Base of every algorithm: a name, a config class, a family and its declared needs."""
+    """Base of every algorithm: a name, a config class, its declared needs and the network it
+    trains. Its family is the base class below it derives from
+    (:mod:`dask_rl.runtime.families` picks the driver by it)."""
 
     name: ClassVar[str]
     config_class: ClassVar[type[AlgoConfig]]
-    family: ClassVar[str]   # "learner" or "evolution": which driver trains it
+    #: Trains on Discrete action spaces only (checked before anything runs).
+    discrete_actions: ClassVar[bool] = False
+    #: Its trained policy is a distribution worth sampling (not greedy-only, as DQN's action
+    #: values or an evolved deterministic net are).
+    stochastic_policy: ClassVar[bool] = True
 
     def __init__(self, cfg: AlgoConfig):
         if not isinstance(cfg, self.config_class):
@@ -116,11 +127,21 @@ class Algorithm(abc.ABC):
     def needs(self) -> Needs:
         return Needs()
 
+    def make_model(self, obs_space: Any, action_space: Any, model_cfg: ModelConfig, *,
+                   normalize_obs: bool = False, seed: int | None = None) -> torch.nn.Module:
+        """The network this algorithm trains, for these (Gymnasium) spaces: the actor-critic
+        of :func:`dask_rl.models.make_model` unless the algorithm brings its own. It must
+        offer ``act(obs, generator=None, greedy=False) -> (actions, logp)`` and
+        ``policy(obs)`` (a distribution with ``mode``), which rollouts, evaluations and
+        exported policies use."""
+        from dask_rl.models import make_model
+
+        return make_model(obs_space, action_space, model_cfg, normalize_obs=normalize_obs,
+                          seed=seed)
+
 
 class LearnerAlgorithm(Algorithm):
     """A gradient learner trained on trajectories by asynchronous learner tasks."""
-
-    family = "learner"
 
     @abc.abstractmethod
     def prepare(self, traj: "Trajectory", model: torch.nn.Module, *, device: torch.device,
@@ -133,12 +154,13 @@ class LearnerAlgorithm(Algorithm):
         """
 
     @abc.abstractmethod
-    def loss(self, model: torch.nn.Module, mb: Batch, *,
-             is_rho: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: torch.nn.Module, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """``(loss, stats)`` on a minibatch; stats use CleanRL's ``losses/...`` keys.
 
-        ``is_rho`` is the cap of Stellaris' importance-sampling truncation, used where
-        ``mb.cross_ratio_min`` is set.
+        An algorithm that can weight its samples also takes ``sample_weight``
+        (:data:`SampleWeights`), which it calls with its importance ratio inside the loss
+        (Stellaris' truncation: :mod:`dask_rl.staleness.truncation`); one that does not take
+        it cannot run with ``learner.is_truncation``.
         """
 
     def stop_epochs(self, epoch_stats: list[dict[str, float]]) -> bool:
@@ -146,17 +168,8 @@ class LearnerAlgorithm(Algorithm):
         return False
 
 
-class ReplayAlgorithm(Algorithm):
-    """A value-based learner on replayed transitions (family ``replay``)."""
+class EvolutionAlgorithm(Algorithm):
+    """An algorithm trained in generations of perturbations (ES): its driver uses the pure
+    functions of its module. Its policy is the evolved deterministic net."""
 
-    family = "replay"
-
-    @abc.abstractmethod
-    def loss(self, model: torch.nn.Module, target: torch.nn.Module, batch: dict[str, torch.Tensor]
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-        """``(loss, stats)`` on a batch of transitions (``obs``, ``actions``, ``returns``,
-        ``discounts``, ``next_obs``); ``target`` holds the target network's parameters."""
-
-    @abc.abstractmethod
-    def epsilon(self, env_steps: int) -> float:
-        """Exploration after ``env_steps`` environment steps."""
+    stochastic_policy = False

@@ -24,12 +24,13 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+import torch
 
-from dask_rl.algos.base import Algorithm
-from dask_rl.config.schema import AlgoConfig, option
+from dask_rl.algos.base import EvolutionAlgorithm
+from dask_rl.config.schema import AlgoConfig, ModelConfig, option
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,13 +51,20 @@ class ESConfig(AlgoConfig):
     renamed = {"lr": "step_size"}
 
 
-class ES(Algorithm):
+class ES(EvolutionAlgorithm):
     """OpenAI-ES (Salimans et al. 2017, Algorithm 2 with antithetic pairs and fitness
     shaping, Sec. 2.1-2.2), trained in generations by the ES driver with the functions below."""
 
     name = "es"
     config_class = ESConfig
-    family = "evolution"
+
+    def make_model(self, obs_space: Any, action_space: Any, model_cfg: ModelConfig, *,
+                   normalize_obs: bool = False, seed: int | None = None) -> torch.nn.Module:
+        """The deterministic MLP policy the perturbations move."""
+        from dask_rl.models import make_policy
+
+        return make_policy(obs_space, action_space, model_cfg, normalize_obs=normalize_obs,
+                           seed=seed)
 
 
 def noise_table(seed: int, size: int) -> np.ndarray:

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from dask_rl.algos import ppo
-from dask_rl.algos.base import Batch, LearnerAlgorithm, Needs
-from dask_rl.algos.ppo import clipped_surrogate, normalize, truncation_stats, truncation_weight
+from dask_rl.algos.base import Batch, LearnerAlgorithm, Needs, SampleWeights
+from dask_rl.algos.ppo import clipped_surrogate, normalize, truncation_stats
 from dask_rl.algos.vtrace import vtrace
 from dask_rl.config.schema import AlgoConfig, option
 from dask_rl.data import Trajectory
@@ -117,7 +117,7 @@ class IMPACT(LearnerAlgorithm):
         )
 
     def loss(self, model: torch.nn.Module, mb: Batch, *,
-             is_rho: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+             sample_weight: SampleWeights | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """IMPACT loss on one minibatch: ``(loss, stats)``."""
         cfg = self.cfg
         assert mb.target_logp is not None, "IMPACT batches carry the target's log-probabilities"
@@ -127,8 +127,7 @@ class IMPACT(LearnerAlgorithm):
         entropy = dist.entropy().mean()
         logratio = newlogp - log_d
         ratio = logratio.exp()
-        weight = None if mb.cross_ratio_min is None else truncation_weight(
-            ratio, mb.cross_ratio_min, is_rho)
+        weight = None if sample_weight is None else sample_weight(ratio, mb)
         with torch.no_grad():
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()

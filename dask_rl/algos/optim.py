@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SGD", "Adam", "make_optimizer"]
+import numpy as np
+
+__all__ = ["SGD", "Adam", "make_optimizer", "mean_adam_state"]
 
 
 class SGD:
@@ -107,3 +109,13 @@ def make_optimizer(name: str, like: Any, **kwargs: Any) -> SGD | Adam:
     if name == "adam":
         return Adam(like, **kwargs)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+def mean_adam_state(states: list[dict]) -> dict:
+    """The mean of several learners' Adam states (``m``, ``v`` and the step count ``t``): the
+    moments an update made of their gradients carries on with."""
+    if len(states) == 1:
+        return states[0]
+    return {"m": np.mean([s["m"] for s in states], axis=0).astype(np.float32),
+            "v": np.mean([s["v"] for s in states], axis=0).astype(np.float32),
+            "t": int(round(np.mean([s["t"] for s in states])))}

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from dask_rl.algos.base import Batch, LearnerAlgorithm, Needs
+from dask_rl.algos.base import Batch, LearnerAlgorithm, Needs, SampleWeights
 from dask_rl.config.schema import AlgoConfig, option
 from dask_rl.data import Trajectory
 
@@ -82,12 +82,13 @@ def clipped_surrogate(logratio: torch.Tensor, advantages: torch.Tensor, clip_coe
     ``r = exp(logratio)`` (Schulman et al. 2017, Eq. 7), optionally with a per-sample
     importance weight (Stellaris' truncation).
 
-    ``weight`` (detached, see :func:`truncation_weight`) replaces ``r`` as the importance weight
-    of a sample's policy gradient where the unclipped term is the minimum: that term becomes
-    ``weight * A * exp(log r - sg(log r))``, whose value is ``weight * A`` and whose gradient is
-    ``weight * A * grad log pi`` — the truncated policy gradient of Stellaris. Where PPO's
-    clipped term is the minimum, the sample has no gradient, as in PPO. (Written without
-    dividing by ``r``, so an extreme ratio that under- or overflows gives no NaN.)
+    ``weight`` (detached, see :mod:`dask_rl.staleness.truncation`) replaces ``r`` as the
+    importance weight of a sample's policy gradient where the unclipped term is the minimum:
+    that term becomes ``weight * A * exp(log r - sg(log r))``, whose value is ``weight * A``
+    and whose gradient is ``weight * A * grad log pi`` — the truncated policy gradient of
+    Stellaris. Where PPO's clipped term is the minimum, the sample has no gradient, as in PPO.
+    (Written without dividing by ``r``, so an extreme ratio that under- or overflows gives no
+    NaN.)
     """
     ratio = logratio.exp()
     clipped = torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages
@@ -108,27 +109,6 @@ def value_loss(newvalue: torch.Tensor, oldvalue: torch.Tensor, returns: torch.Te
     v_clipped = oldvalue + torch.clamp(newvalue - oldvalue, -clip_coef, clip_coef)
     v_loss_clipped = (v_clipped - returns) ** 2
     return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-
-
-def truncation_weight(ratio: torch.Tensor, cross_ratio_min: torch.Tensor,
-                      rho: float) -> torch.Tensor:
-    """Stellaris' global importance-sampling truncation (Yu et al., SC'24, "Importance Sampling
-    Truncated Trajectory Processing"):
-    ``R' = min(|min_i pi_theta_i(a|s) / mu(a|s)|, rho)`` over all active learners' current
-    policies, this learner's own ratio ``r`` included, detached.
-
-    ``cross_ratio_min`` is the minimum over the *other* learners, each measured against the
-    same denominator as ``ratio`` (the behaviour policy for PPO; IMPACT's, see
-    :attr:`~dask_rl.algos.base.Batch.ratio_logp`, so that ``R'`` caps the ratio IMPACT's
-    surrogate actually uses rather than one it never sees). :func:`clipped_surrogate` uses
-    ``R'`` as the
-    sample's importance weight, so a sample whose ratio exceeds the cap keeps a gradient (of
-    weight ``R'``) — a bad action made likelier is still pushed down — while the weight never
-    exceeds ``rho`` nor any learner's ratio. Deviation from the released code (``min(r,
-    max(min_i r_i, rho))`` as the ratio itself): that form has no gradient wherever ``r`` is
-    above its cap, including negative-advantage samples PPO must push down.
-    """
-    return torch.clamp(torch.min(ratio, cross_ratio_min).abs(), max=rho).detach()
 
 
 @torch.no_grad()
@@ -165,7 +145,7 @@ class PPO(LearnerAlgorithm):
     Deviations, as in CleanRL's ``ppo.py``: the value loss is clipped around the behaviour
     values (``clip_vloss``), advantages are normalised per minibatch (``norm_adv``), and with
     ``learner.is_truncation`` each sample's importance weight is Stellaris' ``R'``
-    (:func:`truncation_weight`).
+    (:mod:`dask_rl.staleness.truncation`).
     """
 
     name = "ppo"
@@ -197,7 +177,7 @@ class PPO(LearnerAlgorithm):
         )
 
     def loss(self, model: torch.nn.Module, mb: Batch, *,
-             is_rho: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+             sample_weight: SampleWeights | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO loss on one minibatch: ``(loss, stats)`` with CleanRL's diagnostics."""
         cfg = self.cfg
         dist, newvalue = model(mb.obs)
@@ -208,8 +188,7 @@ class PPO(LearnerAlgorithm):
         with torch.no_grad():
             approx_kl = ((ratio - 1) - logratio).mean()
             clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
-        weight = None if mb.cross_ratio_min is None else truncation_weight(
-            ratio, mb.cross_ratio_min, is_rho)
+        weight = None if sample_weight is None else sample_weight(ratio, mb)
         mb_advantages = normalize(mb.advantages) if cfg.norm_adv else mb.advantages
         pg_loss = clipped_surrogate(logratio, mb_advantages, cfg.clip_coef, weight)
         v_loss = value_loss(newvalue, mb.values, mb.returns,

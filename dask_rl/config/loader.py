@@ -159,6 +159,7 @@ def from_dict(data: Mapping[str, Any], *, check_env: bool = True) -> PipelineCon
         data = {**data, "env": {**env, "id": None}}
     cfg = _build(PipelineConfig, {"algo": {}, "aggregation": {}, **data}, "")
     _check_replay(cfg)
+    _check_truncation(cfg)
     if check_env:
         check_environment(cfg)
     return cfg
@@ -170,39 +171,46 @@ def check_environment(cfg: PipelineConfig) -> None:
     from dask_rl.algos import registry
     from dask_rl.envs import check_env
 
-    family = registry.get(cfg.algo.name).family
-    problem = check_env(cfg.env, discrete_actions=family == "replay")
+    problem = check_env(cfg.env, discrete_actions=registry.get(cfg.algo.name).discrete_actions)
     if problem:
         key = "env.id" if cfg.env.entry_point is None else "env.entry_point"
         raise ConfigError(f"{key}: {problem}, got {cfg.env.name!r}")
 
 
 def _check_replay(cfg: PipelineConfig) -> None:
-    """What a replay-buffer (value-based) algorithm cannot do yet, said before anything runs."""
+    """What a replay algorithm cannot do (yet), said before anything runs."""
     from dask_rl.algos import registry
+    from dask_rl.algos.replay import ReplayAlgorithm
 
-    if registry.get(cfg.algo.name).family != "replay":
+    algorithm = registry.build(cfg.algo)
+    if not isinstance(algorithm, ReplayAlgorithm):
         return
-    for key in ("normalize_obs", "normalize_reward"):
-        if getattr(cfg.env, key):
-            raise ConfigError(f"env.{key}: not supported with algo.name {cfg.algo.name!r} "
-                              f"(its learners sample transitions and see no running statistics)")
     if cfg.aggregation.strategy != "async":
         raise ConfigError(f"aggregation.strategy: only 'async' with algo.name "
                           f"{cfg.algo.name!r} (its sampled learners run continuously and take "
                           f"TianJi's alpha / (1 + lambda P) themselves: a barrier would never "
                           f"close, a staleness weight would stack on it), "
                           f"got {cfg.aggregation.strategy!r}")
-    algo: Any = cfg.algo
-    if algo.learning_starts > algo.buffer_size:
-        raise ConfigError(f"algo.learning_starts: must be <= algo.buffer_size "
-                          f"({algo.buffer_size}), got {algo.learning_starts}")
-    if algo.min_batch_size > algo.batch_size:
-        raise ConfigError(f"algo.min_batch_size: must be <= algo.batch_size ({algo.batch_size}), "
-                          f"got {algo.min_batch_size}")
-    if algo.max_buffer_size < algo.buffer_size:
-        raise ConfigError(f"algo.max_buffer_size: must be >= algo.buffer_size "
-                          f"({algo.buffer_size}), got {algo.max_buffer_size}")
+    problem = algorithm.validate(cfg.env)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _check_truncation(cfg: PipelineConfig) -> None:
+    """Stellaris' truncation weights samples inside the loss: the algorithm must take the
+    weight (:data:`~dask_rl.algos.base.SampleWeights`)."""
+    if not cfg.learner.is_truncation:
+        return
+    import inspect
+
+    from dask_rl.algos import registry
+    from dask_rl.algos.base import LearnerAlgorithm
+
+    algorithm = registry.get(cfg.algo.name)
+    if not (issubclass(algorithm, LearnerAlgorithm)
+            and "sample_weight" in inspect.signature(algorithm.loss).parameters):
+        raise ConfigError(f"learner.is_truncation: algorithm {cfg.algo.name!r} takes no "
+                          f"per-sample weight in its loss (sample_weight)")
 
 
 def _check_population(data: Mapping[str, Any]) -> None:
@@ -210,10 +218,11 @@ def _check_population(data: Mapping[str, Any]) -> None:
     if data.get("population") is None:
         return
     from dask_rl.algos import registry
+    from dask_rl.algos.base import LearnerAlgorithm
 
     algo = data.get("algo")
     name = algo.get("name", VARIANTS[AlgoConfig][1]) if isinstance(algo, Mapping) else None
-    if name in registry.names() and registry.get(name).family != "learner":
+    if name in registry.names() and not issubclass(registry.get(name), LearnerAlgorithm):
         raise ConfigError(f"population: population-based training trains gradient learners "
                           f"(ppo, impact, ...), got algo.name {name!r}")
 

@@ -102,12 +102,12 @@ def check_env(env: EnvConfig, *, discrete_actions: bool = False) -> str | None:
         if env.id.startswith("ALE/") or "NoFrameskip" in env.id:
             return _needs_extra("atari", "ale_py is not installed")
         return "unknown Gymnasium environment id"
-    family = env_family(env)
-    missing = _missing_module(spec.entry_point, family)
+    kind = env_family(env)
+    missing = _missing_module(spec.entry_point, kind)
     if missing is not None:
-        if family is None:
+        if kind is None:
             return f"this environment needs a module that is not installed ({missing})"
-        return _needs_extra(family, missing)
+        return _needs_extra(kind, missing)
     if module or discrete_actions:  # yours, or an algorithm that needs Discrete actions
         return _round_trip(env, discrete_actions)
     return None
@@ -229,17 +229,17 @@ def _round_trip(env: EnvConfig, discrete_actions: bool) -> str | None:
     return None
 
 
-def _needs_extra(family: str, missing: str) -> str:
-    return (f"{EXTRAS[family]} environments need the '{family}' extra: "
-            f"pip install 'dask-rl[{family}]' ({missing})")
+def _needs_extra(kind: str, missing: str) -> str:
+    return (f"{EXTRAS[kind]} environments need the '{kind}' extra: "
+            f"pip install 'dask-rl[{kind}]' ({missing})")
 
 
-def _missing_module(entry_point: Any, family: str | None) -> str | None:
+def _missing_module(entry_point: Any, kind: str | None) -> str | None:
     """What the environment's code cannot import, as a short phrase, if anything."""
     try:
         if isinstance(entry_point, str):
             registration.load_env_creator(entry_point)
-        if family == "atari":  # Gymnasium's Atari preprocessing resizes frames with OpenCV
+        if kind == "atari":  # Gymnasium's Atari preprocessing resizes frames with OpenCV
             importlib.import_module("cv2")
     except ImportError as e:
         return f"{e.name} is not installed" if e.name else " ".join(str(e).split())

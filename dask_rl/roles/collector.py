@@ -14,11 +14,10 @@ import torch
 from gymnasium import spaces
 
 from dask_rl.algos import registry
-from dask_rl.algos.dqn import epsilon_greedy
 from dask_rl.config.schema import PipelineConfig
 from dask_rl.data import PolicySnapshot, Trajectory
 from dask_rl.envs import episode_stats, make_vector_env
-from dask_rl.models import load_snapshot, make_model
+from dask_rl.models import load_snapshot
 from dask_rl.models.normalizer import batch_moments
 
 
@@ -39,18 +38,19 @@ class Collector:
     def __init__(self, cfg: PipelineConfig, *, seed: int, slot: int = 0):
         self.cfg = cfg
         self.slot = slot
-        self.discount = registry.build(cfg.algo).needs.discount if cfg.env.normalize_reward \
-            else None
+        self.algorithm = registry.build(cfg.algo)
+        self.discount = self.algorithm.needs.discount if cfg.env.normalize_reward else None
         if cfg.env.normalize_reward and self.discount is None:
             raise ValueError(f"env.normalize_reward: algorithm {cfg.algo.name!r} declares no "
                              f"discount to scale rewards by")
         self.env = make_vector_env(cfg.env, seed=seed)
         self.obs = self.env.first_obs
-        self.model = make_model(self.env.single_observation_space, self.env.single_action_space,
-                                cfg.model, normalize_obs=cfg.env.normalize_obs)
+        self.model = self.algorithm.make_model(self.env.single_observation_space,
+                                               self.env.single_action_space, cfg.model,
+                                               normalize_obs=cfg.env.normalize_obs)
         self.model.eval()
         self.generator = torch.Generator().manual_seed(seed)
-        self.rng = np.random.default_rng(seed)   # epsilon-greedy's draws
+        self.rng = np.random.default_rng(seed)   # a replay algorithm's exploration draws
         self.version = -1
         self.source: str | None = None  # which parameter actor the version came from
         self.rollouts_since_pull = 0    # the event-triggered pull's counter (rollout_task)
@@ -64,11 +64,12 @@ class Collector:
         self.source = source
 
     @torch.inference_mode()
-    def collect(self, num_steps: int, *, epsilon: float | None = None) -> Trajectory:
+    def collect(self, num_steps: int, *, exploration: float | None = None) -> Trajectory:
         """Step all environments ``num_steps`` times and return what happened.
 
-        ``epsilon`` acts epsilon-greedily on the model's action values instead of sampling
-        its policy (value-based algorithms); ``behaviour_logp`` is then 0."""
+        With ``exploration`` the replay algorithm acts
+        (:meth:`~dask_rl.algos.replay.ReplayAlgorithm.act`, e.g. DQN's epsilon-greedy) instead
+        of a sample of the policy; ``behaviour_logp`` is then 0."""
         t0 = time.perf_counter()
         T, N = num_steps, self.env.num_envs
         obs_space, act_space = self.env.single_observation_space, self.env.single_action_space
@@ -84,14 +85,14 @@ class Collector:
         discounted = np.empty((T, N)) if scale_rewards else None
         for t in range(T):
             obs_buf[t] = self.obs
-            if epsilon is None:
+            if exploration is None:
                 action, log_prob = self.model.act(torch.as_tensor(self.obs),
                                                   generator=self.generator)
                 action = action.numpy()
                 logp[t] = log_prob.numpy()
             else:
-                q = self.model.q_values(torch.as_tensor(self.obs)).numpy()
-                action = epsilon_greedy(q, epsilon, self.rng)
+                action = self.algorithm.act(self.model, torch.as_tensor(self.obs), exploration,
+                                            rng=self.rng, generator=self.generator)
                 logp[t] = 0.0
             act_buf[t] = action
             env_action = action if self._bounds is None else np.clip(action, *self._bounds)

@@ -6,10 +6,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from dask_rl.algos import registry
 from dask_rl.config.schema import PipelineConfig
 from dask_rl.data import Evaluation, PolicySnapshot
 from dask_rl.envs import make_vector_env
-from dask_rl.models import load_snapshot, make_model
+from dask_rl.models import load_snapshot
 
 
 @torch.inference_mode()
@@ -18,8 +19,9 @@ def evaluate(cfg: PipelineConfig, snapshot: PolicySnapshot, *, episodes: int,
     """Greedy evaluation: mean and spread of the returns of ``episodes`` full episodes."""
     n = min(episodes, 16)
     env = make_vector_env(cfg.env, n, seed=seed, training=False)
-    model = make_model(env.single_observation_space, env.single_action_space, cfg.model,
-                       normalize_obs=cfg.env.normalize_obs)
+    model = registry.build(cfg.algo).make_model(
+        env.single_observation_space, env.single_action_space, cfg.model,
+        normalize_obs=cfg.env.normalize_obs)
     load_snapshot(model, snapshot)
     model.eval()
     space = env.single_action_space

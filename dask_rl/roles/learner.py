@@ -33,14 +33,15 @@ import torch
 from gymnasium import spaces
 
 from dask_rl.algos import registry
-from dask_rl.algos.base import Batch, LearnerAlgorithm, ReplayAlgorithm
-from dask_rl.algos.dqn import Transitions
+from dask_rl.algos.base import Batch, LearnerAlgorithm
 from dask_rl.algos.optim import Adam
+from dask_rl.algos.replay import ReplayAlgorithm, Transitions
 from dask_rl.config.schema import PipelineConfig
 from dask_rl.data import LearnerUpdate, PolicySnapshot, Trajectory
 from dask_rl.envs import is_atari
-from dask_rl.models import flatten_, load_snapshot, make_model, resolve_device
+from dask_rl.models import flatten_, load_snapshot, resolve_device
 from dask_rl.models.normalizer import mean_var
+from dask_rl.staleness.truncation import GlobalTruncation
 
 #: Publish this learner's flat parameters; returns the other active learners' current ones.
 Exchange = Callable[[np.ndarray], "list[np.ndarray]"]
@@ -61,12 +62,15 @@ class Learner:
             device or cfg.learner.device)
         self.algorithm = self._algorithm(None)
         self.spaces = (obs_space, action_space)
-        self.model = make_model(obs_space, action_space, cfg.model,
-                                normalize_obs=cfg.env.normalize_obs).to(self.device)
+        self.model = self._make_model()
         self.flat, self.grad = flatten_(self.model)
         self._peer: torch.nn.Module | None = None  # evaluates other learners' policies
         self.clip_rewards = is_atari(cfg.env) and cfg.env.clip_rewards
         self.local_opt_state: dict | None = None  # learner.optimizer_state = local
+
+    def _make_model(self) -> torch.nn.Module:
+        return self.algorithm.make_model(*self.spaces, self.cfg.model,
+                                         normalize_obs=self.cfg.env.normalize_obs).to(self.device)
 
     def _optimizer(self, snapshot: PolicySnapshot) -> Adam:
         """Adam over the flat parameters, from the moments the snapshot carries (shared) or
@@ -111,7 +115,7 @@ class Learner:
 
     def update_transitions(self, snapshot: PolicySnapshot, transitions: Transitions, *,
                            lr: float, batch_size: int, seed: int) -> LearnerUpdate:
-        """Gradient steps of a value-based algorithm (:class:`ReplayAlgorithm`) from
+        """Gradient steps of a replay algorithm (:class:`ReplayAlgorithm`) from
         ``snapshot``, one per ``batch_size`` rows of ``transitions`` (drawn uniformly from the
         replay buffer by the driver, shuffled here), against the target network the snapshot
         carries; returns the parameter delta, as :meth:`update` does."""
@@ -122,8 +126,7 @@ class Learner:
         lcfg = self.cfg.learner
         model, flat, grad = self.model, self.flat, self.grad
         if self._peer is None:
-            self._peer = make_model(*self.spaces, self.cfg.model,
-                                    normalize_obs=self.cfg.env.normalize_obs).to(self.device)
+            self._peer = self._make_model()
         target_params = snapshot.target_params if snapshot.target_params is not None \
             else snapshot.params
         load_snapshot(self._peer, PolicySnapshot(snapshot.version, target_params,
@@ -136,7 +139,7 @@ class Learner:
         order = torch.randperm(len(transitions),
                                generator=torch.Generator().manual_seed(seed)).to(self.device)
         data = {name: torch.as_tensor(getattr(transitions, name), device=self.device)[order]
-                for name in ("obs", "actions", "returns", "discounts", "next_obs")}
+                for name in Transitions.FIELDS}
         steps_stats: list[dict] = []
         finite = True
         for start in range(0, len(transitions) - batch_size + 1, batch_size):
@@ -197,6 +200,8 @@ class Learner:
         epochs_run = 0
         finite = True
         cross = CrossStats()
+        # Stellaris' truncation reaches the loss as a per-sample weight function
+        weights = {} if exchange is None else {"sample_weight": GlobalTruncation(lcfg.is_rho)}
         for _ in range(lcfg.epochs):
             if exchange is not None:
                 batch.cross_ratio_min = self._exchange(exchange, batch, snapshot, cross)
@@ -204,7 +209,7 @@ class Learner:
             epoch_stats = []
             for k in range(lcfg.minibatches):
                 mb = batch.take(perm[k * mb_size:(k + 1) * mb_size])
-                loss, stats = algorithm.loss(model, mb, is_rho=lcfg.is_rho)
+                loss, stats = algorithm.loss(model, mb, **weights)
                 if not torch.isfinite(loss):
                     finite = False
                     break
@@ -273,8 +278,7 @@ class Learner:
         """``min_i pi_theta_i(a|s) / D(a|s)`` over other learners' parameters, with ``D`` the
         denominator of the algorithm's own ratio (the behaviour policy for PPO)."""
         if self._peer is None:
-            self._peer = make_model(*self.spaces, self.cfg.model,
-                                    normalize_obs=self.cfg.env.normalize_obs).to(self.device)
+            self._peer = self._make_model()
         ratios = []
         for flat in params:
             load_snapshot(self._peer, PolicySnapshot(-1, flat, moments))

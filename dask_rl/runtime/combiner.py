@@ -26,6 +26,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+
+@dataclass
+class TripAnswers:
+    """An actor's answers to one trip, ``(ok, value)`` per call, in one object: Dask
+    serialises a list's items one by one, so pulls of one version would each carry the
+    parameters; pickled whole, arrays shared by several answers travel once."""
+
+    items: list[tuple[bool, Any]]
+
+
 Call = tuple[tuple, dict]  # (args, kwargs) of one call
 
 

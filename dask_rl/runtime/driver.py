@@ -26,6 +26,7 @@ import numpy as np
 from distributed import Future, wait
 
 from dask_rl.algos import registry
+from dask_rl.algos.replay import ReplayAlgorithm
 from dask_rl.checkpoint import Pending
 from dask_rl.config import public_dict
 from dask_rl.control.accounting import Accounting
@@ -37,7 +38,7 @@ from dask_rl.control.schedule import EvalSchedule, learner_seed, learning_rate
 from dask_rl.data import Evaluation, LearnerReport
 from dask_rl.data.summary import LearnerSummary
 from dask_rl.envs import env_spaces
-from dask_rl.models import get_flat, make_model
+from dask_rl.models import get_flat
 from dask_rl.models.normalizer import empty_moments
 from dask_rl.runtime.adaptive import LOAD_TOPIC
 from dask_rl.runtime.cluster import place_slots
@@ -88,7 +89,7 @@ class Driver(Trainer):
         self.needs = self.algorithm.needs
         # value-based learners sample a worker-resident replay buffer (TianJi's replay path)
         self.sampled: SampledReplay | None = None
-        if self.algorithm.family == "replay":
+        if isinstance(self.algorithm, ReplayAlgorithm):
             self.sampled = SampledReplay(self.cfg, self.client, self.run_name)
         self.replay: TrajectoryReplay[Future] | None = None
         if self.needs.replay > 1:
@@ -123,8 +124,8 @@ class Driver(Trainer):
         cfg = self.cfg
         self._check_resources()
         obs_space, action_space = env_spaces(cfg.env)
-        model = make_model(obs_space, action_space, cfg.model,
-                           normalize_obs=cfg.env.normalize_obs, seed=cfg.seed)
+        model = self.algorithm.make_model(obs_space, action_space, cfg.model,
+                                          normalize_obs=cfg.env.normalize_obs, seed=cfg.seed)
         moments = {}
         if cfg.env.normalize_obs:
             moments["obs"] = empty_moments(int(np.prod(obs_space.shape)))
@@ -407,10 +408,11 @@ class Driver(Trainer):
         self.rollout_seq += 1
         where = self.slot_workers.get(slot)
         placement = {"workers": [where], "allow_other_workers": True} if where else {}
-        # value-based algorithms act epsilon-greedily on their action values
-        eps = (self.algorithm.epsilon(self.accounting.env_steps_collected)
-               if self.sampled is not None else None)
-        fut = self.client.submit(rollout_task, self.run_name, slot, self.actor, eps, pure=False,
+        # replay algorithms act as they explore (DQN: epsilon-greedy on its action values)
+        exploration = (self.algorithm.exploration(self.accounting.env_steps_collected)
+                       if self.sampled is not None else None)
+        fut = self.client.submit(rollout_task, self.run_name, slot, self.actor, exploration,
+                                 pure=False,
                                  key=f"rollout-{slot}-{self.rollout_seq}-{self.run_name}",
                                  **placement)
         self.inflight[fut] = _Task("rollout", slot=slot)

@@ -15,18 +15,13 @@ Notes
 Dask runs an actor's methods on one dedicated thread; tasks on the actor's own worker call it
 in-process through :class:`ActorHandle` instead of a loop-back RPC, so every public method holds
 ``self.lock``. Calls may arrive out of order; each push carries the version its learner pulled,
-which is all the strategy needs.
-
-Exactly once: a push names its run, the actor's *epoch* (a token drawn when this actor was
-created) and its task's sequence number. A sequence number seen before (a learner task re-run
-by Dask after its worker died having already pushed, a retried task), another run's push and
-a push from another epoch (a lost actor's learner) are refused and counted, never applied.
-The sequence numbers seen are part of the checkpoint, so a re-created actor refuses exactly
-what its checkpoint already holds.
+which is all the strategy needs. Pushes the actor has taken are refused again
+(:mod:`dask_rl.runtime.exactly_once`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -38,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from dask_rl.algos.optim import make_optimizer
+from dask_rl.algos.optim import make_optimizer, mean_adam_state
 from dask_rl.data import PolicySnapshot, PushAck
 from dask_rl.models.normalizer import merge_moments
+from dask_rl.runtime.combiner import TripAnswers
+from dask_rl.runtime.exactly_once import ExactlyOnce
 from dask_rl.staleness import Arrival, Decision, make_strategy
 
 logger = logging.getLogger(__name__)
@@ -50,12 +47,25 @@ COMBINABLE = frozenset({"push", "pull", "pull_learner"})
 
 
 @dataclass
-class TripAnswers:
-    """:meth:`ParameterActor.call_many`'s answers, ``(ok, value)`` per call, in one object:
-    Dask serialises a list's items one by one, so pulls of one version would each carry the
-    parameters; pickled whole, arrays shared by several answers travel once."""
+class Counters:
+    """What the actor counts across its incarnations (checkpointed, flat in its state)."""
 
-    items: list[tuple[bool, Any]]
+    rejected: int = 0          # gradients never applied: non-finite, wrong shape
+    refused: int = 0           # pushes refused: repeats, another epoch's or run's
+    weight_sum: float = 0.0    # of the applied gradients' weights: the effective step's measure
+    pulls_sent: int = 0        # pulls answered with parameters
+    pulls_unchanged: int = 0   # pulls answered with nothing (not moved, or not enough)
+    rollout_pulls: int = 0     # of all pulls, those of rollout slots ...
+    rollout_loads: int = 0     # ... and those of them answered with parameters
+
+    def state(self) -> dict[str, int | float]:  # noqa: D102
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Counters":
+        """From a checkpoint's state; a counter it lacks (an older checkpoint) starts at 0."""
+        return cls(**{f.name: type(f.default)(state.get(f.name, f.default))
+                      for f in dataclasses.fields(cls)})
 
 
 def _locked(method):
@@ -76,8 +86,7 @@ class ParameterActor:
     aggregation
         The pipeline's ``aggregation`` config (strategy name, step size ``alpha0``, ...).
     moments
-        Initial running statistics (``{"obs": ..., "return": ...}``) when the pipeline
-        normalises observations or rewards; learners' pushes merge into them.
+        Initial running statistics (``{"obs": ..., "return": ...}``); pushes merge into them.
     keep_versions
         How many past versions to keep for IS truncation (0: only the current one).
     learners
@@ -88,8 +97,7 @@ class ParameterActor:
     optimizer
         How aggregated gradients are applied: ``sgd`` (``theta -= alpha0 * g``) or ``adam``.
     run, epoch
-        The run this actor serves and this incarnation's token; pushes naming another are
-        refused.
+        The run this actor serves and this incarnation's token (exactly-once pushes).
     """
 
     def __init__(self, params: np.ndarray, aggregation: Any, *,
@@ -97,10 +105,8 @@ class ParameterActor:
                  optimizer: str = "sgd", learners: int = 1, target_every: int | None = None,
                  run: str | None = None, epoch: str | None = None):
         self.lock = threading.RLock()
-        self.run = run
-        self.epoch = epoch
-        self.seen: set[int] = set()  # sequence numbers of the pushes taken (exactly once)
-        self.refused = 0
+        self.once = ExactlyOnce(run, epoch)
+        self.counts = Counters()
         self.aggregation = aggregation
         self.strategy = make_strategy(aggregation, learners=learners)
         self.optimizer = make_optimizer(optimizer, np.zeros(len(params), np.float32))
@@ -116,13 +122,7 @@ class ParameterActor:
         self.exchange_skipped = 0
         self.gradients: dict[int, tuple[np.ndarray, dict | None]] = {}
         self.ids = itertools.count()
-        self.rejected = 0
-        self.apply_s = 0.0
-        self.weight_sum = 0.0  # of the applied gradients' weights: the effective step's measure
-        self.pulls_sent = 0     # pulls answered with parameters
-        self.pulls_unchanged = 0  # pulls answered with nothing (not moved, or not enough)
-        self.rollout_pulls = 0    # of all pulls, those of rollout slots ...
-        self.rollout_loads = 0    # ... and those of them answered with parameters
+        self.apply_s = 0.0   # this incarnation's time gating and applying (not checkpointed)
         self.pushes = 0
         self.started = time.time()
         self._remember(self.current)
@@ -137,24 +137,23 @@ class ParameterActor:
         pull: the parameters move only when they moved enough).
 
         A learner passes its id: it is then active (a sync barrier waits for it) until it pushes
-        or is reported lost. ``learner_state`` adds what only learners need: the learners' Adam
-        moments (unless ``opt_state`` is False: learners that keep their own) and the target
-        network. A rollout slot passes its number: its pulls are counted apart (what
-        event-triggered pulls cost: calls asked, parameters sent).
+        or is reported lost. ``learner_state`` adds the learners' Adam moments (unless
+        ``opt_state`` is False) and the target network. A rollout slot passes its number: its
+        pulls are counted apart (what event-triggered pulls cost).
         """
         cur = self.current
         if slot is not None:
-            self.rollout_pulls += 1
+            self.counts.rollout_pulls += 1
         if learner_id is not None:
             self.strategy.on_learner_started(learner_id, cur.version)
             self.learning[learner_id] = cur.version
         # a version behind the caller's (an exploit loaded another actor's state) always moves
         if newer_than >= 0 and 0 <= cur.version - newer_than < min_versions:
-            self.pulls_unchanged += 1
+            self.counts.pulls_unchanged += 1
             return None
-        self.pulls_sent += 1
+        self.counts.pulls_sent += 1
         if slot is not None:
-            self.rollout_loads += 1
+            self.counts.rollout_loads += 1
         if learner_state:
             return PolicySnapshot(cur.version, cur.params, cur.moments,
                                   self.opt_state if opt_state else None, self.target)
@@ -233,17 +232,16 @@ class ParameterActor:
         """
         t0 = time.perf_counter()
         self.pushes += 1
-        refusal = self._refusal(seq, epoch, run)
+        refusal = self.once.refusal(seq, epoch, run)
         if refusal:
-            self.refused += 1
+            self.counts.refused += 1
             logger.warning("refused a push from %s: %s", learner_id, refusal)
             # a re-run learner pulled again (and became active): nothing will come from it
             self.learning.pop(learner_id, None)
             self.published.pop(learner_id, None)
             self._execute(self.strategy.on_learner_released(learner_id))
             return PushAck("refused", self.current.version)
-        if seq is not None:
-            self.seen.add(int(seq))
+        self.once.taken(seq)
         self.learning.pop(learner_id, None)
         self.published.pop(learner_id, None)
         if moments and self.current.moments:
@@ -255,7 +253,7 @@ class ParameterActor:
                    else "a non-finite loss" if not finite_loss
                    else "NaN or inf values" if not np.isfinite(delta).all() else None)
         if problem:
-            self.rejected += 1
+            self.counts.rejected += 1
             logger.warning("rejected a gradient from %s: %s", learner_id, problem)
             self._execute(self.strategy.on_learner_lost(learner_id))
             return PushAck("rejected", self.current.version)
@@ -274,15 +272,6 @@ class ParameterActor:
         else:
             status = "buffered"
         return PushAck(status, self.current.version, staleness, weight)
-
-    def _refusal(self, seq: int | None, epoch: str | None, run: str | None) -> str | None:
-        if run is not None and self.run is not None and run != self.run:
-            return f"it belongs to run {run!r}, this actor to {self.run!r}"
-        if epoch is not None and self.epoch is not None and epoch != self.epoch:
-            return f"it was meant for the actor of epoch {epoch}, this is {self.epoch}"
-        if seq is not None and int(seq) in self.seen:
-            return f"push {seq} was already taken"
-        return None
 
     @_locked
     def ping(self) -> int:
@@ -327,14 +316,14 @@ class ParameterActor:
         """Strategy counters plus the actor's own (time spent gating and applying)."""
         m = self.strategy.metrics()
         assert m["version"] == self.current.version, "strategy and actor disagree"
-        m.update({"gradients/rejected": self.rejected, "actor/apply_s": self.apply_s,
-                  "actor/pushes": self.pushes, "pushes/refused": self.refused,
-                  "pushes/distinct": len(self.seen),
-                  "learners/exchange_skipped": self.exchange_skipped,
-                  "gradients/weight_sum": self.weight_sum, "actor/pulls_sent": self.pulls_sent,
-                  "actor/pulls_unchanged": self.pulls_unchanged,
-                  "actor/rollout_pulls": self.rollout_pulls,
-                  "actor/rollout_loads": self.rollout_loads})
+        c = self.counts
+        m.update({"gradients/rejected": c.rejected, "pushes/refused": c.refused,
+                  "gradients/weight_sum": c.weight_sum, "actor/pulls_sent": c.pulls_sent,
+                  "actor/pulls_unchanged": c.pulls_unchanged,
+                  "actor/rollout_pulls": c.rollout_pulls, "actor/rollout_loads": c.rollout_loads,
+                  "actor/apply_s": self.apply_s, "actor/pushes": self.pushes,
+                  "pushes/distinct": len(self.once),
+                  "learners/exchange_skipped": self.exchange_skipped})
         return m
 
     # ---- checkpoint state --------------------------------------------------------------------
@@ -346,11 +335,8 @@ class ParameterActor:
                      for k, v in self.optimizer.state_dict().items()}
         return {"params": cur.params, "version": cur.version, "moments": cur.moments,
                 "optimizer": optimizer, "learner_opt": self.opt_state, "target": self.target,
-                "strategy": self.strategy.state_dict(), "rejected": self.rejected,
-                "refused": self.refused, "weight_sum": self.weight_sum,
-                "pulls_sent": self.pulls_sent, "pulls_unchanged": self.pulls_unchanged,
-                "rollout_pulls": self.rollout_pulls, "rollout_loads": self.rollout_loads,
-                "seen": np.fromiter(sorted(self.seen), np.int64, len(self.seen))}
+                "strategy": self.strategy.state_dict(), **self.counts.state(),
+                "seen": self.once.state()}
 
     @_locked
     def load_state_dict(self, state: dict) -> int:
@@ -360,14 +346,8 @@ class ParameterActor:
         self.opt_state = state.get("learner_opt")
         if self.target_every:
             self.target = state.get("target")
-        self.rejected = int(state.get("rejected", 0))
-        self.refused = int(state.get("refused", 0))
-        self.weight_sum = float(state.get("weight_sum", 0.0))
-        self.pulls_sent = int(state.get("pulls_sent", 0))
-        self.pulls_unchanged = int(state.get("pulls_unchanged", 0))
-        self.rollout_pulls = int(state.get("rollout_pulls", 0))
-        self.rollout_loads = int(state.get("rollout_loads", 0))
-        self.seen = {int(s) for s in np.asarray(state.get("seen", ()), np.int64)}
+        self.counts = Counters.from_state(state)
+        self.once.load_state(state.get("seen", ()))
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
                                       state.get("moments"))
         if self.target_every and self.target is None:
@@ -392,9 +372,8 @@ class ParameterActor:
 
     def _apply(self, decision: Decision) -> None:
         """``theta -= alpha0 * sum_j w_j g_j`` into a new array (published snapshots never
-        change). The sum is formed in the decision's order; a lone gradient of weight 1 (every
-        push under async) is used as it is: for a large model the update's passes over memory
-        are the actor's own cost, so none is spent on a sum of one term."""
+        change), summed in the decision's order; a lone gradient of weight 1 (every push under
+        async) is used as it is: no pass over memory is spent on a sum of one term."""
         cur = self.current
         g = None
         states = []
@@ -402,14 +381,14 @@ class ParameterActor:
             grad, opt_state = self.gradients.pop(gid)
             term = grad if weight == 1 else np.float32(weight) * grad
             g = term if g is None else g + term  # never in place: grad may be a caller's array
-            self.weight_sum += float(weight)
+            self.counts.weight_sum += float(weight)
             if opt_state is not None:
                 states.append(opt_state)
         if g is None:
             g = np.zeros_like(cur.params)
         params = self.optimizer.stepped(cur.params, g, self.alpha0)
         if states:
-            self.opt_state = _mean_opt_state(states)
+            self.opt_state = mean_adam_state(states)
         self.current = PolicySnapshot(cur.version + 1, params, cur.moments)
         if self.target_every and self.current.version % self.target_every == 0:
             self.target = params
@@ -419,11 +398,3 @@ class ParameterActor:
         self.history[snap.version] = snap
         while len(self.history) > self.keep_versions + 1:
             self.history.popitem(last=False)
-
-
-def _mean_opt_state(states: list[dict]) -> dict:
-    if len(states) == 1:
-        return states[0]
-    return {"m": np.mean([s["m"] for s in states], axis=0).astype(np.float32),
-            "v": np.mean([s["v"] for s in states], axis=0).astype(np.float32),
-            "t": int(round(np.mean([s["t"] for s in states])))}

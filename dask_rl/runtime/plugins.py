@@ -59,6 +59,7 @@ class RunState(WorkerPlugin):
         self.learners: dict[int, Any] = {}
         self.es_evaluators: dict[int, Any] = {}
         self.spaces = None
+        self._algorithm = None
         self.noise = None if self.noise_spec is None else noise_table(*self.noise_spec)
 
     def teardown(self, worker: Any) -> None:
@@ -84,6 +85,14 @@ class RunState(WorkerPlugin):
                 self.spaces = (collector.env.single_observation_space,
                                collector.env.single_action_space)
             return collector
+
+    def algorithm(self):
+        """The run's algorithm (pure: one for all threads)."""
+        if self._algorithm is None:
+            from dask_rl.algos import registry
+
+            self._algorithm = registry.build(self.cfg.algo)
+        return self._algorithm
 
     def _per_thread(self, store: dict, make):
         """The calling thread's object in ``store`` (networks are not shared by threads)."""

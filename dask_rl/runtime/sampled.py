@@ -1,7 +1,7 @@
 """TianJi's replay path on Dask: a worker-resident buffer that value-based learners sample.
 
 The driver's part of it (:class:`~dask_rl.runtime.driver.Driver` delegates here when the
-algorithm's family is ``replay``, e.g. DQN):
+algorithm is a :class:`~dask_rl.algos.replay.ReplayAlgorithm`, e.g. DQN):
 
 * a finished rollout's trajectory joins the :class:`~dask_rl.control.replay.TransitionReplay`
   — its *future*: the data stays on the worker that collected it — and a small task counts its
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
-from dask_rl.algos.dqn import DQNConfig
+from dask_rl.algos.replay import ReplayConfig
 from dask_rl.config.schema import PipelineConfig
 from dask_rl.control.replay import SampleStaleness, TransitionReplay
 from dask_rl.runtime.tasks import replay_learner_task, sample_task, trajectory_stats_task
@@ -41,7 +41,7 @@ class SampledReplay:
 
     def __init__(self, cfg: PipelineConfig, client: Client, run_name: str):
         algo = cfg.algo
-        if not isinstance(algo, DQNConfig):
+        if not isinstance(algo, ReplayConfig):
             raise TypeError(f"algorithm {algo.name!r} does not learn from a replay buffer")
         self.cfg, self.algo, self.client, self.run_name = cfg, algo, client, run_name
         self.buffer: TransitionReplay[Future] = TransitionReplay(capacity=algo.buffer_size)

@@ -27,12 +27,13 @@ from dask_rl.data import (
 from dask_rl.runtime.plugins import run_state
 
 if TYPE_CHECKING:
-    from dask_rl.algos.dqn import Transitions
+    from dask_rl.algos.replay import Transitions
 
 
-def rollout_task(run: str, slot: int, actor: Any, epsilon: float | None = None) -> Trajectory:
+def rollout_task(run: str, slot: int, actor: Any, exploration: float | None = None
+                 ) -> Trajectory:
     """Collect ``rollout.steps`` steps on slot ``slot``'s environments with the newest policy
-    (epsilon-greedy on its action values with ``epsilon``: value-based algorithms).
+    (acting as a replay algorithm does with ``exploration``, e.g. DQN's epsilon).
 
     TianJi's event-triggered pull: the slot asks the parameter actor only every
     ``rollout.pull_every`` rollouts, and the parameters move only when the actor's version
@@ -52,7 +53,7 @@ def rollout_task(run: str, slot: int, actor: Any, epsilon: float | None = None) 
             collector.load(snapshot, source=actor.key)
     else:
         collector.rollouts_since_pull += 1
-    return collector.collect(rollout.steps, epsilon=epsilon)
+    return collector.collect(rollout.steps, exploration=exploration)
 
 
 def trajectory_stats_task(traj: Trajectory) -> TrajectoryStats:
@@ -67,19 +68,17 @@ def trajectory_stats_task(traj: Trajectory) -> TrajectoryStats:
 
 def sample_task(run: str, trajectories: list[Trajectory],
                 rows: list[tuple[np.ndarray, np.ndarray]]) -> Transitions:
-    """The n-step transitions at rows ``(t, i)`` of each trajectory, cut on the worker that
-    holds them (TianJi's replay: only the sampled rows move to the learner). Atari rewards
-    are sign-clipped, as the learners of every algorithm see them."""
-    from dask_rl.algos.dqn import Transitions as T
-    from dask_rl.algos.dqn import sample_transitions
+    """The replay algorithm's transitions at rows ``(t, i)`` of each trajectory, cut on the
+    worker that holds them (TianJi's replay: only the sampled rows move to the learner). Atari
+    rewards are sign-clipped, as the learners of every algorithm see them."""
+    from dask_rl.algos.replay import Transitions as T
     from dask_rl.envs import is_atari
 
-    cfg = run_state(run).cfg
-    clip = is_atari(cfg.env) and cfg.env.clip_rewards
-    return T.concat([
-        sample_transitions(traj, t, i, gamma=cfg.algo.gamma, n=cfg.algo.n_step,
-                           rewards=np.sign(traj.rewards) if clip else None)
-        for traj, (t, i) in zip(trajectories, rows)])
+    state = run_state(run)
+    clip = is_atari(state.cfg.env) and state.cfg.env.clip_rewards
+    algorithm = state.algorithm()
+    return T.concat([algorithm.sample(traj, t, i, rewards=np.sign(traj.rewards) if clip else None)
+                     for traj, (t, i) in zip(trajectories, rows)])
 
 
 def replay_learner_task(run: str, samples: list[Transitions], actor: Any, learner_id: str,
@@ -87,7 +86,7 @@ def replay_learner_task(run: str, samples: list[Transitions], actor: Any, learne
                         seq: int | None = None) -> LearnerReport:
     """Pull the current version and target network, take a gradient step per ``batch_size``
     sampled transitions, push the delta (exactly once, by ``seq``); return a report."""
-    from dask_rl.algos.dqn import Transitions as T
+    from dask_rl.algos.replay import Transitions as T
 
     t0 = time.perf_counter()
     state = run_state(run)
@@ -102,8 +101,7 @@ def replay_learner_task(run: str, samples: list[Transitions], actor: Any, learne
                      opt_state=update.opt_state, finite_loss=update.finite, seq=seq,
                      epoch=actor.epoch, run=run)
     t_pushed = time.perf_counter()
-    nbytes = sum(a.nbytes for a in (batch.obs, batch.actions, batch.returns, batch.discounts,
-                                    batch.next_obs))
+    nbytes = batch.nbytes
     return LearnerReport(
         ack=ack, version_pulled=snapshot.version, policy_lag=0, episode_returns=[],
         episode_lengths=[], trajectory_steps=0, trajectory_bytes=nbytes, collect_s=0.0,

@@ -39,7 +39,7 @@ Aggregation").
 
 Global importance-sampling truncation, the third part of the method ("Importance Sampling
 Truncated Trajectory Processing"), acts in the learners (``learner.is_truncation``,
-:func:`dask_rl.algos.ppo.truncation_weight`).
+:mod:`dask_rl.staleness.truncation`).
 """
 
 from __future__ import annotations

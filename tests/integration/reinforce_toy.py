@@ -48,7 +48,7 @@ class Reinforce(LearnerAlgorithm):
                      logp=flat(traj.behaviour_logp), advantages=flat(returns - v),
                      returns=flat(returns), values=flat(v))
 
-    def loss(self, model, mb, *, is_rho=1.0):
+    def loss(self, model, mb):
         dist, value = model(mb.obs)
         advantages = ppo.normalize(mb.advantages)
         pg_loss = -(dist.log_prob(mb.actions) * advantages).mean()

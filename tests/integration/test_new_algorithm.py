@@ -32,6 +32,18 @@ def test_a_registered_algorithm_is_validated_like_a_built_in_one(reinforce):
         from_dict({"algo": {"name": "reinforce", "clip_coef": 0.2}})
 
 
+def test_an_algorithm_that_weights_no_samples_is_refused_stellaris_truncation(reinforce):
+    """The toy's loss takes no ``sample_weight``: ``learner.is_truncation`` is one line at
+    load time, while PPO, whose loss takes it, is accepted."""
+    with pytest.raises(ConfigError, match=r"^learner.is_truncation: algorithm 'reinforce' "
+                                          r"takes no per-sample weight"):
+        from_dict({"algo": {"name": "reinforce"}, "learner": {"is_truncation": True}})
+    with pytest.raises(ConfigError, match="learner.is_truncation: algorithm 'dqn'"):
+        from_dict({"algo": {"name": "dqn"}, "learner": {"is_truncation": True}})
+    assert from_dict({"algo": {"name": "ppo"},
+                      "learner": {"is_truncation": True}}).learner.is_truncation
+
+
 @pytest.mark.slow
 def test_a_toy_reinforce_trains_cartpole_on_worker_processes(reinforce, local_client, tmp_path):
     result = dask_rl.train(

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from dask_rl.algos import dqn
+from dask_rl.algos import dqn, replay
 
 
 def _reference_targets(rewards, terminated, truncated, bootstrap, gamma, n):
@@ -37,7 +37,7 @@ def test_n_step_targets_match_the_definition_per_sample(n):
     truncated = rng.random((T, N)) < 0.1
     terminated[3, 1] = truncated[3, 1] = True   # both at once: Gymnasium may say so
     bootstrap = rng.normal(size=(T, N)).astype(np.float32)
-    got = dqn.n_step_targets(rewards, terminated, terminated | truncated, bootstrap, gamma, n)
+    got = replay.n_step_targets(rewards, terminated, terminated | truncated, bootstrap, gamma, n)
     want = _reference_targets(rewards, terminated, truncated, bootstrap, gamma, n)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -49,7 +49,7 @@ def test_a_worked_example():
     terminated = np.array([[False], [True], [False], [False]])
     truncated = np.array([[False], [False], [False], [True]])
     boot = np.array([[10.0], [20.0], [30.0], [40.0]], np.float32)
-    got = dqn.n_step_targets(rewards, terminated, terminated | truncated, boot, 0.5, 2)[:, 0]
+    got = replay.n_step_targets(rewards, terminated, terminated | truncated, boot, 0.5, 2)[:, 0]
     # t=0: 1 + 0.5*2 (terminated: no bootstrap) = 2
     # t=1: 2 (terminated)
     # t=2: 4 + 0.5*8 + 0.25*40 (truncated after step 3: bootstrap of the final obs) = 18
@@ -110,7 +110,7 @@ def test_sampled_transitions_carry_the_right_return_discount_and_bootstrap_obser
     T, N, gamma = 10, 3, 0.9
     t = np.append(rng.integers(0, T, 39), T - 1)   # and the truncated last step, sampled
     i = np.append(rng.integers(0, N, 39), 0)
-    got = dqn.sample_transitions(traj, t, i, gamma=gamma, n=n)
+    got = replay.sample_transitions(traj, t, i, gamma=gamma, n=n)
     truncs = {(int(a), int(b)): k for k, (a, b) in enumerate(traj.trunc_index)}
     for row in range(40):
         start, env = int(t[row]), int(i[row])
@@ -192,7 +192,7 @@ def test_the_trained_loss_is_double_q_per_sample():
 def test_a_learner_takes_one_step_per_batch_at_the_rate_it_was_given():
     from gymnasium import spaces
 
-    from dask_rl.algos.dqn import Transitions
+    from dask_rl.algos.replay import Transitions
     from dask_rl.config import from_dict
     from dask_rl.data import PolicySnapshot
     from dask_rl.models import get_flat, make_model

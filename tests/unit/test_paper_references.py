@@ -14,6 +14,7 @@ from dask_rl.algos.base import Batch
 from dask_rl.algos.impact import IMPACT, IMPACTConfig
 from dask_rl.algos.ppo import PPO, PPOConfig
 from dask_rl.models.actor_critic import CategoricalDist
+from dask_rl.staleness.truncation import GlobalTruncation
 
 B, K = 24, 3  # samples, actions
 
@@ -157,7 +158,8 @@ def test_is_truncation_weights_each_samples_gradient_by_r_prime(seed, rho):
     cfg = PPOConfig(clip_coef=eps, vf_coef=0.0, ent_coef=0.0, norm_adv=False)
     model = TableModel(d["logits"], d["values"])
     cross = torch.tensor(np.min([o / d["mu"] for o in others], axis=0), dtype=torch.float64)
-    total, _ = PPO(cfg).loss(model, _batch(d, cross_ratio_min=cross), is_rho=rho)
+    total, _ = PPO(cfg).loss(model, _batch(d, cross_ratio_min=cross),
+                             sample_weight=GlobalTruncation(rho))
     want, weights = _truncation_reference(d, others, rho, eps)
     assert total.item() == pytest.approx(want, rel=1e-9)
     assert (weights <= np.minimum(rho, d["pi"] / d["mu"]) + 1e-12).all()
@@ -185,7 +187,7 @@ def test_a_bad_action_above_the_cap_is_still_pushed_down():
                   values=torch.zeros(1, dtype=torch.float64),
                   cross_ratio_min=torch.tensor([other / mu], dtype=torch.float64))
     cfg = PPOConfig(clip_coef=0.2, vf_coef=0.0, ent_coef=0.0, norm_adv=False)
-    loss, _ = PPO(cfg).loss(model, batch, is_rho=1.0)
+    loss, _ = PPO(cfg).loss(model, batch, sample_weight=GlobalTruncation(1.0))
     loss.backward()
     grad = model.logits.grad[0].numpy()
     assert grad[0] > 0  # descent lowers the logit of the bad action...
@@ -198,7 +200,8 @@ def test_an_extreme_ratio_gives_a_finite_gradient_with_truncation_on():
     logits = torch.tensor([[60.0, -60.0]], requires_grad=True)
     dist = CategoricalDist(logits)
     logp = dist.log_prob(torch.tensor([1]))                 # about -120
-    from dask_rl.algos.ppo import clipped_surrogate, truncation_weight
+    from dask_rl.algos.ppo import clipped_surrogate
+    from dask_rl.staleness.truncation import truncation_weight
 
     logratio = logp - torch.tensor([0.0])
     ratio = logratio.exp()
@@ -223,7 +226,7 @@ def test_impact_full_loss_with_truncation_per_sample(seed):
     model = TableModel(d["logits"], d["values"])
     batch = _batch(d, target_logp=torch.tensor(np.log(d["tgt"]), dtype=torch.float64),
                    cross_ratio_min=cross)
-    total, stats = IMPACT(cfg).loss(model, batch, is_rho=is_rho)
+    total, stats = IMPACT(cfg).loss(model, batch, sample_weight=GlobalTruncation(is_rho))
     pg, _ = _truncation_reference(d, others, is_rho, eps, denominator=den)
     vf = np.mean([0.5 * (d["values"][k] - d["returns"][k]) ** 2 for k in range(B)])
     want = pg - c_ent * _entropy(d["logits"]) + c_vf * vf
