@@ -6,16 +6,10 @@ Aggregation").
   observed in the first round"), ``k`` the rounds since (the paper's ``k`` is the training
   round; counting from the first stale round instead means the decay starts when staleness
   does), ``d = decay`` (0.96 in the paper). Before that round the threshold is infinite, i.e.
-  pure asynchrony while nothing is stale. **Deviation: a floor.** ``beta_k`` never falls below
-  ``threshold_floor`` (default 1, as the released code's bound): without one, ``beta_k`` goes
-  to 0 (below 1 after ~17 rounds at d = 0.96, ``delta_max`` = 2), and then even a buffer of one
-  fresh and one 1-stale gradient (mean 0.5) waits, for fresher gradients or for a full buffer.
-  Measured on simulated learners (``benchmarks/stellaris_threshold.py``, 5 seeds): with 4
-  learners, floor 0 released 55% of its updates only on a full buffer and made 1.17 updates
-  per learner-time, floor 1 released 22% that way and made 1.38, at the same final error
-  (0.0013 vs 0.0014); floor 2 made 1.95 but ended at a 1.7x larger error; from 16 learners on
-  floors 0 and 1 differ by less than the noise. Floor 1 keeps the paper's tightening where it
-  helps and removes the degenerate barrier.
+  pure asynchrony while nothing is stale. **Deviation: a floor.** ``beta_k`` never falls
+  below ``threshold_floor`` (default 1, as the released code's bound): without one it decays
+  to 0 and even a buffer of one fresh and one 1-stale gradient waits
+  (``docs/decisions/stellaris-threshold-floor.md``, with the measurements).
 * **Gate**: an arriving gradient joins the buffer; the buffer is aggregated when its
   mean staleness is below ``beta_k``, otherwise it waits for fresher gradients — but never
   longer than the learners allow: it is aggregated anyway once no learner is computing (no

@@ -5,33 +5,14 @@ staleness ``P``: ``alpha_eff = alpha / (1 + lambda * P)``. Every gradient is app
 it arrives (TianJi relaxes the learner's dependencies: nothing waits), with the weight
 ``1 / (1 + lambda * P)`` and the server step ``alpha0``.
 
-``P`` for on-policy learners. TianJi defines ``P = B_s / N_s`` on a replay buffer that
-learners sample from uniformly (the replay path, :class:`~dask_rl.control.replay.
-SampleStaleness`, uses exactly that). An asynchronous PPO/IMPACT learner does not sample from
-a buffer: it learns from whole trajectories, each once (PPO) or a few times (IMPACT's
-replay). Mapping ``B_s / N_s`` onto that — a learner's batch over the samples it could have
-been given — would *lower* ``P`` when trajectories pile up waiting for learners, i.e. exactly
-when the data a learner gets is oldest, and so lengthen the step where it should shorten it.
-**Deviation:** here ``P`` is the share of recently learned samples that are stale — collected
-by a policy older than the parameters the learner started from (``policy_version < version
-pulled``: a backlog, or an IMPACT replay, makes them so):
+**Deviation:** for on-policy learners (no buffer to sample) ``P`` is the share of recently
+learned samples that are stale — collected by a policy older than the parameters the learner
+started from:
 
-    P = sum_j stale_j / sum_j samples_j    over the last ``window`` gradients, j included,
+    P = sum_j stale_j / sum_j samples_j    over the last ``window`` gradients, j included.
 
-which keeps what TianJi's ``P`` is for: a ratio in [0, 1] that grows as the learner's data
-falls behind its parameters, and that its tolerance (0.2) and operating rules (> 0.3, < 0.1)
-can be read against. A gradient that carries no sample counts (a learner that does not report
-them) leaves ``P`` unchanged.
-
-**Measured limit: this ``P`` saturates.** Rollouts run beside the learners, so nearly every
-trajectory was collected by a policy at least one version older than the learner's pull,
-even with one learner. In every ablation run (Hopper-v5 and HalfCheetah-v5, 1 to 8
-learners; ``benchmarks/results/ablation.runs.jsonl``) the step factor was 0.50-0.53 with
-``lambda = 1``, i.e. ``P`` of about 0.89-0.99: the rule acts as a near-constant
-``alpha0 / (1 + lambda)``, and read against the operating rules this ``P`` would always say
-"more learners" (> 0.3), whatever the learner count. A graded
-``P`` (a sample stale only when its lag exceeds a tolerance) would follow the learner count;
-it is not built, as the ablation's TianJi rows would have to be run again.
+Why, and its measured limit (it saturates near 1 when rollouts run beside the learners):
+``docs/decisions/tianji-on-policy-p.md``.
 """
 
 from __future__ import annotations
