@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dask_rl.algos import registry
-from dask_rl.algos.base import LearnerAlgorithm
 from dask_rl.config import (
     ConfigError,
     PipelineConfig,
@@ -194,6 +193,8 @@ def _graceful_interrupts():
 
 def check_memory(cfg: PipelineConfig, worker_bytes: int | None) -> None:
     """Refuse rollout sizes that cannot fit a worker (:mod:`dask_rl.control.memory`)."""
+    from dask_rl.algos.base import LearnerAlgorithm
+
     if not issubclass(registry.get(cfg.algo.name), LearnerAlgorithm) or not worker_bytes:
         return
     from dask_rl.control.memory import check_fits, rollout_bytes

@@ -44,8 +44,6 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from scipy.optimize import linprog
-
 MORE_LEARNERS_ABOVE = 0.3   # TianJi's tuning guide: staleness ratio above this, more learners
 LARGER_BATCH_BELOW = 0.1    # ... below this, a larger batch
 
@@ -127,6 +125,8 @@ def balance(*, learner_rate: float, actor_rate: float, slots: int,
 
 
 def _solve(**lp):
+    from scipy.optimize import linprog  # ~1 s to import: only runs that allocate pay it
+
     res = linprog(method="highs", **lp)
     if not res.success:  # cannot happen for valid inputs: (1, 1, 0) is always feasible
         raise RuntimeError(f"the allocation LP failed: {res.message}")

@@ -122,6 +122,14 @@ class ActorSupervisor:
         self.last_beat = time.monotonic()
         return True
 
+    def close(self) -> None:
+        """Release the actor: its worker frees it and its parameters (a user's cluster
+        outlives the run)."""
+        try:
+            self.client.cancel(self._future)
+        except Exception:
+            logger.debug("releasing the actor", exc_info=True)
+
     def replace(self) -> ActorHandle:
         """A fresh actor on a live worker (the caller restores its state)."""
         old, address = self.handle, self.address

@@ -461,6 +461,8 @@ class Trainer(Run):
             try:
                 if inflight:
                     self.client.cancel(inflight)
+                if hasattr(self, "supervisor"):
+                    self.supervisor.close()
                 self.client.unregister_worker_plugin(self.run_name)
             except Exception:
                 logger.debug("closing the run", exc_info=True)

@@ -70,3 +70,22 @@ def test_forgotten_work_is_let_go_and_the_scheduler_keeps_working():
         assert spans.merge_all().states["memory"] >= 1  # the held result, still counted
         client.run_on_scheduler(tidy_scheduler, grace_s=0.0)
         assert group.span_id in spans.spans and held.result() == 49
+
+
+def test_a_run_on_a_users_cluster_leaves_no_parameter_actor_behind(local_client, pipelines,
+                                                                   tmp_path):
+    """The cluster outlives the run: the run's parameter actor (and the parameters it holds
+    on its worker) is released when the run ends, not when the driver is garbage-collected."""
+    import dask_rl
+
+    dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client, run_dir=tmp_path / "r",
+                  overrides=["stop.env_steps=2048", "checkpoint.every_s=0"])
+
+    def actors():
+        return local_client.run_on_scheduler(lambda dask_scheduler: [
+            k for k in dask_scheduler.tasks if str(k).startswith("parameter-actor")])
+
+    deadline = time.time() + 5
+    while actors() and time.time() < deadline:
+        time.sleep(0.05)
+    assert actors() == []
