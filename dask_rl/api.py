@@ -264,7 +264,8 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
           address: str | None = None, workers: int | None = None,
           overrides: list[str] | None = None,
           progress: Callable[[Progress], None] | None = None,
-          env: Callable[..., Any] | str | None = None, **fields: Any) -> RunResult:
+          env: Callable[..., Any] | str | None = None, hooks: Any = None,
+          **fields: Any) -> RunResult:
     """Train a pipeline; returns when a stop condition holds.
 
     Parameters
@@ -286,6 +287,9 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
         object by pickling: a class or function in an importable module travels by reference
         (the module must be importable on the workers: installed in their image, or sent with
         ``cluster.upload``), one defined in ``__main__`` or a notebook by value.
+    hooks
+        A :class:`~dask_rl.runtime.hooks.RunHooks`, called at named moments of the run (fault
+        injection, instrumentation).
 
     Examples
     --------
@@ -319,7 +323,8 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
             from dask_rl.runtime.cluster import cluster_worker_bytes
 
             check_memory(cfg, cluster_worker_bytes(c))
-        driver = driver_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume)
+        driver = driver_class(cfg)(c, cfg, run_dir, progress=progress, resume=resume,
+                                   hooks=hooks)
         started.append(driver)
         with _RUNNING_LOCK:
             _RUNNING[id(driver)] = driver

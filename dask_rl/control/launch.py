@@ -18,12 +18,13 @@ trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed depende
 * **Slots follow the cluster.** :meth:`resize` adds idle slots or retires the highest ones
   (their running tasks finish; they are not resubmitted).
 * **Sampled learners** (``sampled``, value-based algorithms on a replay buffer: TianJi's
-  replay path): finished trajectories go to the caller's buffer, not to learners; while
-  :attr:`sample_ready` (the buffer holds enough), ``max_learners`` learners run at all times,
-  each on a sample the caller draws (``LearnerLaunch.trajectory`` is None). Rollouts wait
-  only while :attr:`rollouts_held` (the caller's replay ratio says the learners are behind).
-* **Pausing** (:attr:`paused`) holds the policy still: nothing new starts, what runs finishes,
-  ready trajectories wait. The driver pauses to confirm a target on the policy it would keep.
+  replay path): finished trajectories go to the caller's buffer, not to learners; once
+  :meth:`replay_changed` says the buffer holds enough, ``max_learners`` learners run at all
+  times, each on a sample the caller draws (``LearnerLaunch.trajectory`` is None). Rollouts
+  wait only while it says the learners are behind (the caller's replay ratio).
+* **Pausing** (:meth:`pause`, :meth:`resume`) holds the policy still: nothing new starts, what
+  runs finishes, ready trajectories wait. The driver pauses to confirm a target on the policy
+  it would keep.
 * **A round** is one trajectory learned per slot; :meth:`learner_done` says when one ended, so
   the strategy can adapt (Stellaris' threshold decays per round).
 
@@ -112,10 +113,10 @@ class LaunchPolicy(Generic[T]):
         self.learned = 0
         self.stopping = False
         self.draining = False
-        self.paused = False   # nothing new starts (the policy is held still for a confirmation)
+        self._paused = False   # nothing new starts (the policy is held still for a confirmation)
         self.sampled = sampled
-        self.sample_ready = False  # sampled learners: the caller's buffer holds enough
-        self.rollouts_held = False  # sampled learners: the caller's replay ratio holds rollouts
+        self._sample_ready = False  # sampled learners: the caller's buffer holds enough
+        self._rollouts_held = False  # sampled learners: the caller's replay ratio holds rollouts
 
     # ---- events ----------------------------------------------------------------------------
     def rollout_done(self, slot: int, trajectory: T) -> None:
@@ -139,6 +140,23 @@ class LaunchPolicy(Generic[T]):
         """A learner failed; its trajectory is not learned from (the caller counts it)."""
         self._learner_ended(first_use)
 
+    def pause(self) -> None:
+        """Hold the policy still: nothing new starts until :meth:`resume` (or a stop)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+
+    def replay_changed(self, *, ready: bool, behind: bool) -> None:
+        """Sampled learners: whether the caller's buffer holds enough to learn from, and
+        whether the learners are behind its replay ratio (rollouts then wait)."""
+        self._sample_ready = ready
+        self._rollouts_held = behind
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def resize(self, slots: int) -> None:
         """The cluster changed: ``slots`` rollout slots from now on."""
         if slots < 0:
@@ -152,7 +170,7 @@ class LaunchPolicy(Generic[T]):
         """Submit no more rollouts; with ``drain``, learn from everything collected first."""
         self.stopping = True
         self.draining = drain
-        self.paused = False
+        self._paused = False
 
     def discard_all(self) -> Discarded:
         """Everything in flight and waiting is gone (a recovery or the end of the run).
@@ -175,7 +193,7 @@ class LaunchPolicy(Generic[T]):
     def decide(self) -> Launches[T]:
         """What to submit now (nothing while paused, nor once stopping without draining);
         the policy counts it as in flight."""
-        if self.paused or (self.stopping and not self.draining):
+        if self._paused or (self.stopping and not self.draining):
             return Launches()
         launches: Launches[T] = Launches(learners=self._learners())
         if not self.stopping and self._rollouts_may_run():
@@ -202,7 +220,7 @@ class LaunchPolicy(Generic[T]):
 
     # ---- rules -----------------------------------------------------------------------------
     def _rollouts_may_run(self) -> bool:
-        if self.rollouts_held:
+        if self._rollouts_held:
             return False
         if self.synchronous:  # a round ends when everything it collected has been learned
             return not (self.running_slots or self.learners or self.ready)
@@ -211,7 +229,7 @@ class LaunchPolicy(Generic[T]):
     def _learners(self) -> list[LearnerLaunch[T]]:
         out: list[LearnerLaunch[T]] = []
         if self.sampled:
-            while (len(self.learners) < self.max_learners and self.sample_ready
+            while (len(self.learners) < self.max_learners and self._sample_ready
                    and not self.stopping):
                 self.learners.append(False)
                 out.append(LearnerLaunch(None, False, len(self.learners)))

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import logging
 import time
+from typing import Any, Callable
 
 import numpy as np
 from distributed import Future, wait
@@ -30,18 +31,15 @@ from dask_rl.algos.replay import ReplayAlgorithm
 from dask_rl.checkpoint import Pending
 from dask_rl.config import public_dict
 from dask_rl.control.accounting import Accounting
-from dask_rl.control.allocation import worth_changing
 from dask_rl.control.launch import Discarded, LaunchPolicy
 from dask_rl.control.replay import TrajectoryReplay
-from dask_rl.control.scaling import Load, lp_allocation
 from dask_rl.control.schedule import EvalSchedule, learner_seed, learning_rate
 from dask_rl.data import Evaluation, LearnerReport
 from dask_rl.data.summary import LearnerSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat
 from dask_rl.models.normalizer import empty_moments
-from dask_rl.runtime.adaptive import LOAD_TOPIC
-from dask_rl.runtime.cluster import place_slots
+from dask_rl.runtime.follower import ALLOCATE_EVERY_S, ClusterFollower
 from dask_rl.runtime.run import Abandoned, RunFailed
 from dask_rl.runtime.sampled import SampledReplay
 from dask_rl.runtime.tasks import (
@@ -51,12 +49,12 @@ from dask_rl.runtime.tasks import (
     rollout_task,
     write_replay_task,
 )
+from dask_rl.runtime.timers import Timers
 from dask_rl.runtime.trainer import MAX_CONSECUTIVE_FAILURES, Trainer
 from dask_rl.staleness import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
-ALLOCATE_EVERY_S = 5.0  # how often TianJi's allocation is solved again on an adaptive cluster
 LEARNER_DRAIN_S = 60.0  # how long the end of a run waits for learners already in flight
 # ... and an interrupted run's end, in seconds after the signal (their pushes may be done)
 INTERRUPTED_LEARNERS_BY_S = 5.0
@@ -65,9 +63,16 @@ REPLAY_WRITE_TIMEOUT_S = 120.0  # a checkpoint's replay writes unfinished by the
 
 @dataclasses.dataclass(frozen=True)
 class _Task:
-    """What the driver remembers of a future it holds."""
+    """What the driver remembers of a future it holds, and who handles it: ``done`` takes the
+    task's result (or, when ``fetch`` is False, its future: a trajectory stays where it is);
+    ``lost`` undoes what a failed task leaves behind; ``at_end`` says whether the end of a
+    run waits for it (``wait``), keeps it (``keep``) or cancels it (``cancel``)."""
 
-    kind: str                 # "rollout" | "learner" | "eval" | "confirm" | "stats"
+    kind: str                 # a label (logs, failure counts, task-time accounting)
+    done: Callable[[Any, "_Task"], None]
+    lost: Callable[["_Task"], None] | None = None
+    fetch: bool = True
+    at_end: str = "cancel"
     slot: int = -1
     learner_id: str = ""
     first_use: bool = True    # learner: the trajectory's first learning (not a replay)
@@ -111,11 +116,8 @@ class Driver(Trainer):
         # synchronous rounds: the learner each slot's trajectory will get, announced up front
         self.round_learners: dict[int, str] = {}
         self.trajectory_learner: dict[Future, str] = {}
-        self.last_load_report = 0.0
         self.last_progress = time.monotonic()  # when a task last finished (the stall watchdog)
-        self.last_rescale = 0.0
-        self.allocation = None      # TianJi's allocation, on adaptive clusters
-        self.last_allocation = 0.0
+        self.follower = ClusterFollower(self, sized=self.sampled is None)
         # per-trainer hyperparameters (population-based training): learner.lr and algo.*
         self.hparams: dict[str, float] = {}
 
@@ -193,7 +195,7 @@ class Driver(Trainer):
         elif self.sampled is not None:
             shapes = meta.get("replay_shapes", [])[:count]
             self.sampled.buffer.restore([(read(i), s, e) for i, (s, e) in enumerate(shapes)])
-            self.policy.sample_ready = self.sampled.ready
+            self._replay_changed()
 
     def on_actor_lost(self, reason: str) -> None:
         """Re-create the parameter actor from the latest checkpoint and carry on.
@@ -212,14 +214,14 @@ class Driver(Trainer):
         self.replay_lost += gone.replay
         if self.sampled is not None:
             self.replay_lost += self.sampled.lost()
-            self.policy.sample_ready = False
+            self.policy.replay_changed(ready=False, behind=False)
         if lost:
             self.client.cancel(lost)
         self.replace_actor(reason)
         self.failures.clear()
         self.evaluations.reset()
         self.target_hit = False          # the policy that reached it is gone
-        self.policy.paused = False
+        self.policy.resume()
 
     def _check_resources(self) -> None:
         gpus = self.cfg.learner.gpus
@@ -241,11 +243,13 @@ class Driver(Trainer):
             cfg = self.cfg
             self.open()  # waits for a worker to hold the parameter actor
             threads = sum(self.client.nthreads().values())
-            slots = cfg.rollout.slots or threads
-            self.policy.resize(slots)
-            self.slot_workers = place_slots(self.client, slots)
-            self.known_workers = set(self.client.nthreads())
-            self.last_rescale = time.monotonic()
+            slots = self.follower.start()
+            timers = Timers([(1.0, self.follower.rescale),
+                             (ALLOCATE_EVERY_S, self.follower.allocate),
+                             (1.0, self.follower.report),
+                             (0.0, self.maybe_checkpoint),      # on checkpoint.every_s
+                             (0.0, self.housekeeper.maybe_tidy)],
+                            first_after=(self.follower.rescale,))
             logger.info("run %s: %d rollout slots, %d learners max, %d worker threads, %s",
                         self.run_name, slots, cfg.learner.max_learners, threads,
                         cfg.aggregation.strategy)
@@ -263,14 +267,10 @@ class Driver(Trainer):
                 self._check_stop()
                 if self.interrupted:
                     break
-                self._rescale()
-                self._allocate()
+                timers.run()
                 self._launch()
                 self._maybe_evaluate()
                 self._maybe_confirm()
-                self._report_load()
-                self.maybe_checkpoint()
-                self.housekeeper.maybe_tidy()
             return self._finish()
         except Abandoned as e:   # interrupted while waiting on something that did not end
             logger.info("interrupted: %s", e)
@@ -323,34 +323,18 @@ class Driver(Trainer):
             return
         self.failures[task.kind] = 0
         self.accounting.cycle(task.kind, time.monotonic() - task.submitted)
-        if task.kind == "rollout":
-            self.accounting.rollout_finished(self.cfg.batch_size)
-            self.policy.rollout_done(task.slot, fut)
-            if task.slot in self.round_learners:
-                self.trajectory_learner[fut] = self.round_learners.pop(task.slot)
-            if self.sampled is not None:
-                self.inflight[self.sampled.stored(fut)] = _Task("stats")
-                self.policy.sample_ready = self.sampled.ready
-                self.policy.rollouts_held = self.sampled.behind(
-                    self.accounting.env_steps_collected)
-        elif task.kind in ("learner", "eval", "confirm", "stats"):
-            try:
-                # finished, but its result may be gone with a worker since: Dask recomputes
-                # it, and the recomputation can fail (its actor may be gone too) or, on a
-                # cluster that is going, never end (given up once interrupted)
-                result = self.wait_for(fut)
-            except Exception as e:
-                self._failed(fut, task, e)
-                return
-            if task.kind == "learner":
-                self._on_learner(result, task)
-            elif task.kind == "stats":
-                self._on_rollout_counted(result)
-            elif task.kind == "eval":
-                self.record_eval(result)
-            elif not self.record_confirmation(result) and self.stop_reason is None:
-                self.policy.paused = False   # not confirmed: train on
-                self.evaluations.hold_target(self.updates)
+        if not task.fetch:
+            task.done(fut, task)
+            return
+        try:
+            # finished, but its result may be gone with a worker since: Dask recomputes it,
+            # and the recomputation can fail (its actor may be gone too) or, on a cluster that
+            # is going, never end (given up once interrupted)
+            result = self.wait_for(fut)
+        except Exception as e:
+            self._failed(fut, task, e)
+            return
+        task.done(result, task)
 
     def _failed(self, fut: Future, task: _Task, exc: BaseException | None = None) -> None:
         if exc is None:
@@ -366,16 +350,35 @@ class Driver(Trainer):
         if self.failures[task.kind] >= MAX_CONSECUTIVE_FAILURES:
             raise RuntimeError(f"{self.failures[task.kind]} {task.kind} tasks failed in a row; "
                                f"last error: {exc!r}") from exc
-        if task.kind == "rollout":
-            self.policy.rollout_failed(task.slot)
-            if task.slot in self.round_learners:  # its learner will never come
-                self.actor_call("learner_lost", self.round_learners.pop(task.slot),
-                                on_loss="skip")
-        elif task.kind == "learner":
-            self.policy.learner_failed(task.first_use)
-            self.actor_call("learner_lost", task.learner_id, on_loss="skip")
-            self.accounting.dropped(trajectories=int(task.first_use))
-        # a failed "stats" task: its trajectory's steps go uncounted (the buffer keeps it)
+        if task.lost is not None:
+            task.lost(task)
+
+    def _rollout_done(self, trajectory: Future, task: _Task) -> None:
+        self.accounting.rollout_finished(self.cfg.batch_size)
+        self.policy.rollout_done(task.slot, trajectory)
+        if task.slot in self.round_learners:
+            self.trajectory_learner[trajectory] = self.round_learners.pop(task.slot)
+        if self.sampled is not None:
+            # counted where it lies; a failed count leaves its steps uncounted (the buffer
+            # keeps the trajectory)
+            self.inflight[self.sampled.stored(trajectory)] = _Task(
+                "stats", self._on_rollout_counted, at_end="wait")
+            self._replay_changed()
+
+    def _rollout_lost(self, task: _Task) -> None:
+        self.policy.rollout_failed(task.slot)
+        if task.slot in self.round_learners:  # its learner will never come
+            self.actor_call("learner_lost", self.round_learners.pop(task.slot), on_loss="skip")
+
+    def _learner_lost(self, task: _Task) -> None:
+        self.policy.learner_failed(task.first_use)
+        self.actor_call("learner_lost", task.learner_id, on_loss="skip")
+        self.accounting.dropped(trajectories=int(task.first_use))
+
+    def _confirmed(self, result: Evaluation, task: _Task) -> None:
+        if not self.record_confirmation(result) and self.stop_reason is None:
+            self.policy.resume()   # not confirmed: train on
+            self.evaluations.hold_target(self.updates)
 
     def _discarded(self, gone: Discarded) -> None:
         self.accounting.dropped(trajectories=gone.trajectories, rollouts=gone.rollouts)
@@ -406,8 +409,7 @@ class Driver(Trainer):
 
     def _submit_rollout(self, slot: int) -> None:
         self.rollout_seq += 1
-        where = self.slot_workers.get(slot)
-        placement = {"workers": [where], "allow_other_workers": True} if where else {}
+        placement = self.follower.placement(slot)
         # replay algorithms act as they explore (DQN: epsilon-greedy on its action values)
         exploration = (self.algorithm.exploration(self.accounting.env_steps_collected)
                        if self.sampled is not None else None)
@@ -415,7 +417,8 @@ class Driver(Trainer):
                                  pure=False,
                                  key=f"rollout-{slot}-{self.rollout_seq}-{self.run_name}",
                                  **placement)
-        self.inflight[fut] = _Task("rollout", slot=slot)
+        self.inflight[fut] = _Task("rollout", self._rollout_done, self._rollout_lost,
+                                   fetch=False, slot=slot)
 
     def _submit_learner(self, trajectory: Future | None, first_use: bool,
                         concurrent: int) -> None:
@@ -434,7 +437,8 @@ class Driver(Trainer):
                                           **record})
             self.metrics.write("phase", {"phase": "learner", "event": "start", "learner": lid,
                                          "first_use": False})
-            self.inflight[fut] = _Task("learner", learner_id=lid, first_use=False,
+            self.inflight[fut] = _Task("learner", self._on_learner, self._learner_lost,
+                                       at_end="wait", learner_id=lid, first_use=False,
                                        concurrent=concurrent)
             return
         overrides = {k.split(".", 1)[1]: v for k, v in self.hparams.items()
@@ -446,7 +450,8 @@ class Driver(Trainer):
                                  key=f"learner-{lid}-{self.run_name}", **kwargs)
         self.metrics.write("phase", {"phase": "learner", "event": "start", "learner": lid,
                                      "first_use": first_use})
-        self.inflight[fut] = _Task("learner", learner_id=lid, first_use=first_use,
+        self.inflight[fut] = _Task("learner", self._on_learner, self._learner_lost,
+                                   at_end="wait", learner_id=lid, first_use=first_use,
                                    concurrent=concurrent)
 
     def _learning_rate(self) -> float:
@@ -479,101 +484,6 @@ class Driver(Trainer):
                                      "paused_workers": len(paused), "workers": len(workers)})
         self.last_progress = now
 
-    def _load(self) -> Load:
-        """What this trainer wants, as the scheduler's adaptive policy sees it."""
-        a, acc = self.allocation, self.accounting
-        return Load(rollout_running=self.policy.rollouts_in_flight, ready=len(self.policy.ready),
-                    learner_running=self.policy.learners_in_flight,
-                    max_learners=self.cfg.learner.max_learners,
-                    rollout_s=acc.rollout_cycle_s or acc.rollout_s,
-                    learner_s=acc.learner_cycle_s or acc.learner_s,
-                    learners_on_gpu=self.cfg.learner.gpus > 0, max_threads=self._max_threads(),
-                    lp_actors=a.actors if a else 0, lp_learners=a.learners if a else 0,
-                    lp_bound=a.bound if a else "")
-
-    def _report_load(self) -> None:
-        """Tell the scheduler's adaptive policy what this trainer wants (once a second)."""
-        now = time.monotonic()
-        if now - self.last_load_report < 1.0:
-            return
-        self.last_load_report = now
-        load = self._load()
-        self.client.log_event(LOAD_TOPIC, {
-            "run": self.run_name, "rollouts": load.rollout_running, "ready": load.ready,
-            "learners": load.learner_running, "max_learners": load.max_learners,
-            "rollout_s": load.rollout_s, "learner_s": load.learner_s,
-            "gpu": load.learners_on_gpu, "lp_actors": load.lp_actors,
-            "lp_learners": load.lp_learners, "lp_bound": load.lp_bound, "time": now})
-
-    def _max_threads(self) -> int:
-        """The most threads this trainer may get: ``cluster.adapt``'s maximum workers times the
-        threads per worker; 0 on a fixed cluster, with ``rollout.slots`` fixed, or for replay
-        learners (which TianJi's allocation does not size yet: see
-        :mod:`dask_rl.control.allocation`)."""
-        adapt = self.cfg.cluster.adapt
-        if adapt is None or self.cfg.rollout.slots or self.sampled is not None:
-            return 0
-        nthreads = list(self.client.nthreads().values()) or [self.cfg.cluster.threads_per_worker]
-        return adapt.maximum * max(1, round(sum(nthreads) / len(nthreads)))
-
-    def _allocate(self) -> None:
-        """TianJi's allocation on an adaptive cluster (every ``ALLOCATE_EVERY_S``): solve the
-        max-min LP for the measured task times and run its actor count as rollout slots; the
-        load report carries it to the scheduler, which sizes the cluster for it. Each change is
-        an ``allocation`` record (shown on the ``/rl`` page)."""
-        now = time.monotonic()
-        if now - self.last_allocation < ALLOCATE_EVERY_S:
-            return
-        self.last_allocation = now
-        load = self._load()
-        a = lp_allocation(load)
-        if a is None:
-            return
-        if not worth_changing(self.allocation, a, learner_rate=1.0 / load.learner_s,
-                              actor_rate=1.0 / load.rollout_s, slots=load.max_threads,
-                              max_learners=load.max_learners):
-            return
-        self.allocation = a
-        self.metrics.write("allocation", {
-            "actors": a.actors, "learners": a.learners, "bound": a.bound,
-            "lp_actors": a.lp_actors, "lp_learners": a.lp_learners,
-            "actor_rate": a.actor_rate, "learner_rate": a.learner_rate,
-            "rollout_s": load.rollout_s, "learner_s": load.learner_s,
-            "max_threads": load.max_threads, "env_steps": self.env_steps,
-            "wall_s": self.elapsed()})
-        logger.info("TianJi allocation: %d rollout slots, %d learners (%s-bound; %.2f s per "
-                    "rollout, %.2f s per learner task)", a.actors, a.learners, a.bound,
-                    load.rollout_s, load.learner_s)
-        if a.actors != self.policy.slots:
-            self.policy.resize(a.actors)
-            self.slot_workers = place_slots(self.client, a.actors)
-
-    def _rescale(self) -> None:
-        """Follow the cluster as workers come and go (adaptive scaling, failures).
-
-        Rollout slots are spread over the current workers again, and, unless
-        ``rollout.slots`` fixes it, there is one slot per worker thread (on an adaptive
-        cluster, once task times are measured, as many as TianJi's allocation gives the
-        actors: :meth:`_allocate`). Learners follow on
-        their own: one is launched per completed trajectory, so more slots mean more
-        learners, up to ``learner.max_learners`` (Stellaris' orchestration).
-        """
-        if time.monotonic() - self.last_rescale < 1.0:
-            return
-        self.last_rescale = time.monotonic()
-        nthreads = self.client.nthreads()
-        if not nthreads or set(nthreads) == self.known_workers:
-            return
-        self.known_workers = set(nthreads)
-        old = self.policy.slots
-        new = (self.cfg.rollout.slots or (self.allocation.actors if self.allocation else 0)
-               or sum(nthreads.values()))
-        self.policy.resize(new)
-        self.slot_workers = place_slots(self.client, new)
-        self.metrics.write("rescale", {"slots": new, "previous": old, "workers": len(nthreads),
-                                       "env_steps": self.env_steps})
-        logger.info("%d workers: %d rollout slots", len(nthreads), new)
-
     # ---- results -------------------------------------------------------------------------------
     def _on_learner(self, report: LearnerReport, task: _Task) -> None:
         first_use = task.first_use
@@ -602,12 +512,12 @@ class Driver(Trainer):
         if self.sampled is not None:
             self.sampled.learner_done(int(report.stats.get("learner/epochs", 0))
                                       * int(report.stats.get("learner/batch", 0)))
-            self.policy.rollouts_held = self.sampled.behind(self.accounting.env_steps_collected)
+            self._replay_changed()
         if self.policy.learner_done(first_use):
             self._end_round()
         self.report_progress(steps_per_s=steps_per_s)
 
-    def _on_rollout_counted(self, stats) -> None:
+    def _on_rollout_counted(self, stats, task: _Task) -> None:
         """A sampled run's rollout counted where it lies: its env steps and episodes."""
         self.env_steps += stats.env_steps
         self.returns.extend(stats.episode_returns)
@@ -622,6 +532,12 @@ class Driver(Trainer):
             "rollout/policy_version": stats.policy_version,
             "rollout/collect_s": stats.collect_s})
         self.report_progress()
+
+    def _replay_changed(self) -> None:
+        """Tell the launch policy where the replay buffer stands (sampled learners)."""
+        assert self.sampled is not None
+        self.policy.replay_changed(ready=self.sampled.ready,
+                                   behind=self.sampled.behind(self.accounting.env_steps_collected))
 
     def _end_round(self) -> None:
         """A round: one trajectory per rollout slot learned. The strategy may adapt to it."""
@@ -651,7 +567,10 @@ class Driver(Trainer):
             self.cfg.stop.eval_episodes if episodes is None else episodes, seed, pure=False,
             key=f"{'confirm' if kind == 'confirm' else 'evaluate'}-{self.evals}-{self.run_name}")
         if kind != "final":
-            self.inflight[fut] = _Task(kind)
+            self.inflight[fut] = (
+                _Task("confirm", self._confirmed, at_end="keep") if kind == "confirm" else
+                _Task("eval", lambda result, _: self.record_eval(result), at_end="keep"))
+        self.hooks.evaluation_submitted(self, fut)
         self.metrics.write("phase", {"phase": "confirm" if kind == "confirm" else kind,
                                      "event": "start", "key": fut.key,
                                      "env_steps": self.env_steps, "updates": self.updates})
@@ -663,7 +582,7 @@ class Driver(Trainer):
         stops solved with exactly that policy, or trains on."""
         if not self.target_hit or self.stop_reason is not None:
             return
-        self.policy.paused = True
+        self.policy.pause()
         if self.policy.learners_in_flight or any(t.kind == "confirm"
                                                  for t in self.inflight.values()):
             return
@@ -685,6 +604,7 @@ class Driver(Trainer):
 
     # ---- the end -------------------------------------------------------------------------------
     def _finish(self) -> LearnerSummary:
+        self.hooks.finishing(self)
         if self.interrupted:
             return self._finish_interrupted()
         try:
@@ -698,7 +618,7 @@ class Driver(Trainer):
                                      "stop_reason": self.stop_reason})
         # A learner in flight may already have pushed: let it end so that its env steps and
         # update are counted (the summary agrees with the actor's state); rollouts are cancelled.
-        learners = [f for f, t in self.inflight.items() if t.kind in ("learner", "stats")]
+        learners = [f for f, t in self.inflight.items() if t.at_end == "wait"]
         if learners:
             try:
                 self.wait_all(learners, LEARNER_DRAIN_S)
@@ -707,11 +627,11 @@ class Driver(Trainer):
             for fut in learners:
                 if fut.status == "finished":
                     self._handle(fut, self.inflight.pop(fut))
-        cancelled = [f for f, t in self.inflight.items() if t.kind not in ("eval", "confirm")]
+        cancelled = [f for f, t in self.inflight.items() if t.at_end != "keep"]
         if cancelled:
             self.client.cancel(cancelled)
         self.inflight = {f: t for f, t in self.inflight.items()
-                         if t.kind in ("eval", "confirm")}
+                         if t.at_end == "keep"}
         if not self.supervisor.alive():
             self.on_actor_lost("the parameter actor was lost at the end of the run")
         # the final policy (and the replay buffer, for --resume) are safe before the last calls
@@ -729,7 +649,7 @@ class Driver(Trainer):
         cluster that is going (closed comms, lost workers) end in the summary, not a
         traceback."""
         self.abandon_after = INTERRUPTED_LEARNERS_BY_S
-        learners = [f for f, t in self.inflight.items() if t.kind in ("learner", "stats")]
+        learners = [f for f, t in self.inflight.items() if t.at_end == "wait"]
         try:
             if learners:
                 self.wait_all(learners)

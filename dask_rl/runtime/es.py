@@ -146,6 +146,7 @@ class ESDriver(Trainer):
         and is refused). ``MAX_CONSECUTIVE_FAILURES`` failed generations in a row end the run.
         ``timeout`` bounds the wait (a short task that does not finish in it has failed).
         """
+        self.hooks.gather(self)
         try:
             # polled: an interrupt gives it up (Abandoned); its timeout fails it (below)
             self.wait_all(futures, timeout, first_error=True)

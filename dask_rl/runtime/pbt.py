@@ -62,7 +62,7 @@ class PBTDriver(Run):
             for i in range(self.pop.members):
                 member = Driver(self.client, self._member_config(i),
                                 self.run_dir / "members" / f"m{i}", resume=self.resume,
-                                name=f"{self.run_name}-m{i}")
+                                name=f"{self.run_name}-m{i}", hooks=self.hooks)
                 if state is None:
                     member.hparams = pbt.sample(self.space, self.rng)
                     self._log({"event": "start", "member": i, "parent": None,
@@ -128,6 +128,7 @@ class PBTDriver(Run):
                 self._exploit(i, e.winner)
 
     def _exploit(self, loser: int, winner: int) -> None:
+        self.hooks.exploit(self, loser, winner)
         dst, src = self.members[loser], self.members[winner]
         try:
             version = self.client.submit(copy_parameters_task, src.actor, dst.actor,

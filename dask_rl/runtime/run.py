@@ -43,6 +43,7 @@ from dask_rl.data import Evaluation, Progress
 from dask_rl.data.metrics import TOPIC, MetricsLog
 from dask_rl.data.summary import RunSummary
 from dask_rl.envs import reward_threshold, solved_episodes
+from dask_rl.runtime.hooks import RunHooks
 from dask_rl.runtime.plugins import register_torch_sizeof
 from dask_rl.tracking import Trackers, redact
 
@@ -103,9 +104,10 @@ class Run(abc.ABC):
 
     def __init__(self, client: Client, cfg: PipelineConfig, run_dir: str | os.PathLike, *,
                  progress: Callable[[Progress], None] | None = None, resume: bool = False,
-                 name: str | None = None):
+                 name: str | None = None, hooks: RunHooks | None = None):
         self.client = client
         self.cfg = cfg
+        self.hooks = hooks or RunHooks()
         self.run_dir = Path(run_dir)
         self.progress = progress
         self.resume = resume

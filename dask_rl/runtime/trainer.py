@@ -253,6 +253,7 @@ class Trainer(Run):
         purpose died with the old actor, such as releasing a lost learner). A failure of a live
         actor is the method's own error and is raised.
         """
+        self.hooks.actor_call(self, method)
         for attempt in range(self.cfg.checkpoint.max_recoveries + 1):
             try:
                 # the driver's call, polled so that an interrupt cuts it short
@@ -280,7 +281,10 @@ class Trainer(Run):
         self.check_scheduler()
         if self.interrupted:  # a missed beat now is the workers going: nothing to recover
             return
-        if self.supervisor.heartbeat_due() and not self.supervisor.alive():
+        if not self.supervisor.heartbeat_due():
+            return
+        self.hooks.heartbeat(self)
+        if not self.supervisor.alive():
             self.on_actor_lost("the parameter actor missed its heartbeat")
 
     def replace_actor(self, reason: str) -> str:

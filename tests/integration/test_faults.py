@@ -1,7 +1,8 @@
 """Fault injection: the parameter actor's worker is SIGKILLed inside each kind of driver call.
 
-Each case trains on a real LocalCluster (worker processes, restarted by their nannies) and
-kills the process holding the parameter actor at one chosen moment: just before the n-th
+Each case trains on a real LocalCluster (worker processes, restarted by their nannies) and,
+through the run's hooks (:mod:`dask_rl.runtime.hooks`), kills the process holding the
+parameter actor at one chosen moment: just before the n-th
 driver call of a kind (checkpoint, round end, heartbeat, evaluation, the end-of-run metrics,
 a lost learner's release, an ES generation's perturbations, update or noiseless evaluation,
 a PBT exploit), with checkpoint cadences from 1 s to end-only. The runs are short and never
@@ -28,11 +29,7 @@ from exactly_once import check_run
 
 import dask_rl
 from dask_rl.data.metrics import read_metrics
-from dask_rl.runtime import driver as driver_module
-from dask_rl.runtime import es as es_module
-from dask_rl.runtime.pbt import PBTDriver
-from dask_rl.runtime.supervisor import ActorSupervisor
-from dask_rl.runtime.trainer import Trainer
+from dask_rl.runtime.hooks import RunHooks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -133,52 +130,42 @@ class Fault:
         return False
 
 
-def _patch(monkeypatch, where: str, fault: Fault) -> None:
-    kind, _, name = where.partition(":")
-    if kind == "call":  # a driver-side actor call by method name
-        original = Trainer.actor_call
+class KillAt(RunHooks):
+    """Kill the actor's worker at the ``fault``'s moment ``where`` (through the run's hooks):
+    ``call:<method>`` before a driver call of the actor, ``heartbeat`` when one is due,
+    ``eval`` once a greedy evaluation is in flight, ``es`` before an ES gather."""
 
-        def actor_call(self, method, *args, **kwargs):
-            if method == name and fault.due():
-                kill_actor_worker(self)
-            return original(self, method, *args, **kwargs)
-        monkeypatch.setattr(Trainer, "actor_call", actor_call)
-    elif kind == "heartbeat":
-        original_due = ActorSupervisor.heartbeat_due
+    def __init__(self, where: str, fault: Fault):
+        self.kind, _, self.method = where.partition(":")
+        if self.kind not in ("call", "heartbeat", "eval", "es"):
+            raise ValueError(where)
+        self.fault = fault
 
-        def heartbeat_due(self):
-            due = original_due(self)
-            if due and fault.due():
-                addr = self.address
-                os.kill(self.client.run(os.getpid, workers=[addr])[addr], signal.SIGKILL)
-            return due
-        monkeypatch.setattr(ActorSupervisor, "heartbeat_due", heartbeat_due)
-    elif kind == "eval":  # a greedy evaluation task in flight
-        original_eval = driver_module.Driver._submit_eval
+    def _at(self, kind: str, run) -> None:
+        if kind == self.kind and self.fault.due():
+            kill_actor_worker(run)
 
-        def submit_eval(self, *args):
-            fut = original_eval(self, *args)
-            if fault.due():
-                kill_actor_worker(self)
-            return fut
-        monkeypatch.setattr(driver_module.Driver, "_submit_eval", submit_eval)
-    elif kind == "es":  # ES gathers: perturbations, update, (noiseless evaluation), ...
-        original_gather = es_module.ESDriver._gather
+    def actor_call(self, run, method):
+        if method == self.method:
+            self._at("call", run)
 
-        def gather(self, futures, also=(), timeout=None):
-            if fault.due():
-                kill_actor_worker(self)
-            return original_gather(self, futures, also, timeout)
-        monkeypatch.setattr(es_module.ESDriver, "_gather", gather)
-    else:
-        raise ValueError(where)
+    def heartbeat(self, run):
+        self._at("heartbeat", run)
+
+    def evaluation_submitted(self, run, future):
+        self._at("eval", run)
+
+    def gather(self, run):
+        self._at("es", run)
 
 
 # small budgets, never ended by a solve: each run lasts its whole budget, the fault lands in it
 NO_SOLVE = ["stop.solve_on_target=false"]
 ASYNC = ["aggregation.strategy=async", "stop.env_steps=30000", *NO_SOLVE]
 STELLARIS = ["stop.env_steps=30000", *NO_SOLVE]
-ES = ["stop.env_steps=60000", "algo.eval_every=1", *NO_SOLVE]
+# ES: 48 episodes a generation, 3 gathers each (perturbations, update, noiseless
+# evaluation): the 6th gather comes in the 2nd generation, ~3k env steps in
+ES = ["stop.env_steps=30000", "algo.eval_every=1", *NO_SOLVE]
 # a fault on a clock (the n-th heartbeat or timed checkpoint) lands in a run that lasts a fixed
 # time, not a fixed number of steps: on an idle machine 30k steps can end before the 4th beat
 TIMED = ["stop.env_steps=100000000", "stop.wall_s=12"]
@@ -216,20 +203,20 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_the_actor_lost_at_any_moment(client, armed, tmp_path, monkeypatch, case):
+def test_the_actor_lost_at_any_moment(client, armed, tmp_path, case):
     """The actor's loss alone never brings a push twice (its tasks are cancelled and hold the
     lost actor's handle); the first learner of the re-created actor that pushes from another
     worker then loses that worker, so the new actor, restored from its checkpoint, must refuse
     the re-run's push too."""
     _, pipeline, overrides, where, nth = case
     fault = Fault(nth)
-    _patch(monkeypatch, where, fault)
     run_dir = tmp_path / "run"
     marker = tmp_path / "pushed"
     cfg = dask_rl.api.resolve(PIPELINES / pipeline, FAST + overrides)
     armed.write_text(json.dumps({"marker": str(marker)}))
     try:
-        result = dask_rl.train(cfg, client=client, run_dir=run_dir)
+        result = dask_rl.train(cfg, client=client, run_dir=run_dir,
+                               hooks=KillAt(where, fault))
     finally:
         armed.unlink()
     s = result.summary
@@ -248,25 +235,23 @@ def test_the_actor_lost_at_any_moment(client, armed, tmp_path, monkeypatch, case
         assert s["pushes_refused"] >= 1, s
 
 
-def test_the_actor_lost_after_a_confirmed_solve_judges_the_policy_left(client, tmp_path,
-                                                                         monkeypatch):
+def test_the_actor_lost_after_a_confirmed_solve_judges_the_policy_left(client, tmp_path):
     """Solved and confirmed, then the actor's worker dies before the final checkpoint: the
     rollback to the initial checkpoint (the only one) takes the confirmed policy with it, and
     the summary must judge the policy the run now holds, not claim the lost one."""
-    original = driver_module.Driver._finish
     lost = []
 
-    def finish(self):
-        if self.stop_reason == "solved" and not lost:
-            lost.append(self.confirmation.version)
-            kill_actor_worker(self)
-        return original(self)
-    monkeypatch.setattr(driver_module.Driver, "_finish", finish)
+    class KillWhenSolved(RunHooks):
+        def finishing(self, run):
+            if run.stop_reason == "solved" and not lost:
+                lost.append(run.confirmation.version)
+                kill_actor_worker(run)
     cfg = dask_rl.api.resolve(PIPELINES / "ppo_cartpole.yaml",
                               # it must solve (a low target) to reach its moment
                               FAST + ["aggregation.strategy=async", "stop.env_steps=60000",
                                       "checkpoint.every_s=0", "stop.target_return=100"])
-    s = dask_rl.train(cfg, client=client, run_dir=tmp_path / "run").summary
+    s = dask_rl.train(cfg, client=client, run_dir=tmp_path / "run",
+                      hooks=KillWhenSolved()).summary
     assert lost and lost[0] > 0, "the run did not solve"
     assert s["recoveries"] >= 1 and s["updates_discarded"] >= lost[0], s
     assert s["updates"] == 0  # back to the initial checkpoint
@@ -275,24 +260,22 @@ def test_the_actor_lost_after_a_confirmed_solve_judges_the_policy_left(client, t
     assert not s["solved"] or s["confirmation"] is not None
 
 
-def test_a_pbt_exploit_whose_member_actor_dies(client, tmp_path, monkeypatch):
+def test_a_pbt_exploit_whose_member_actor_dies(client, tmp_path):
     """The exploit's copy fails with the loser's actor: skipped, the member recovers."""
-    original = PBTDriver._exploit
     fired = []
 
-    def exploit(self, loser, winner):
-        if not fired:
-            fired.append(loser)
-            kill_actor_worker(self.members[loser])
-        return original(self, loser, winner)
-    monkeypatch.setattr(PBTDriver, "_exploit", exploit)
+    class KillTheLoser(RunHooks):
+        def exploit(self, run, loser, winner):
+            if not fired:
+                fired.append(loser)
+                kill_actor_worker(run.members[loser])
     cfg = dask_rl.api.resolve(PIPELINES / "pbt_cartpole.yaml",
                               FAST + ["stop.env_steps=16384", "checkpoint.every_s=1",
                                       # many ready events, half the members exploitable: an
                                       # exploit comes early in every run
                                       "population.ready_env_steps=4096",
                                       "population.fraction=0.5"])
-    result = dask_rl.train(cfg, client=client, run_dir=tmp_path / "pbt")
+    result = dask_rl.train(cfg, client=client, run_dir=tmp_path / "pbt", hooks=KillTheLoser())
     s = result.summary
     assert fired, "no exploit happened"
     assert s["recoveries"] >= 1, s

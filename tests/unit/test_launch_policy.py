@@ -26,13 +26,13 @@ def test_paused_nothing_new_starts_and_what_runs_finishes():
     p.decide()
     p.rollout_done(0, "a")
     assert _trajectories(p.decide()) == [("a", True)]
-    p.paused = True
+    p.pause()
     p.rollout_done(1, "b")                    # a rollout in flight still lands
     d = p.decide()
     assert d.rollouts == [] and d.learners == [] and list(p.ready) == ["b"]
     p.learner_done(True)                      # the learner in flight still ends
     assert p.learners_in_flight == 0 and not p.finished
-    p.paused = False
+    p.resume()
     d = p.decide()
     assert _trajectories(d) == [("b", True)] and d.rollouts == [1]
 
@@ -41,7 +41,7 @@ def test_a_stop_unpauses_so_that_draining_can_finish():
     p = LaunchPolicy(slots=1, max_learners=1, max_ready=2)
     p.decide()
     p.rollout_done(0, "a")
-    p.paused = True
+    p.pause()
     p.stop(drain=True)
     assert _trajectories(p.decide()) == [("a", True)]
     p.learner_done(True)
@@ -210,7 +210,7 @@ def test_sampled_learners_run_while_the_buffer_is_ready_and_rollouts_never_wait(
     d = p.decide()
     assert d.learners == [] and list(p.ready) == []      # the caller keeps them
     assert sorted(d.rollouts) == [0, 1]                  # no backpressure: nothing is ready
-    p.sample_ready = True
+    p.replay_changed(ready=True, behind=False)
     d = p.decide()
     assert [(x.trajectory, x.first_use, x.concurrent) for x in d.learners] == \
         [(None, False, 1), (None, False, 2)]
@@ -224,3 +224,15 @@ def test_sampled_learners_run_while_the_buffer_is_ready_and_rollouts_never_wait(
     p.rollout_done(0, "c")
     p.rollout_done(1, "d")
     assert p.finished
+
+
+def test_sampled_rollouts_wait_only_while_the_learners_are_behind():
+    p = LaunchPolicy(slots=1, max_learners=1, max_ready=1, sampled=True)
+    assert p.decide().rollouts == [0]
+    p.rollout_done(0, "a")
+    p.replay_changed(ready=True, behind=True)      # the replay ratio says: learn first
+    d = p.decide()
+    assert d.rollouts == [] and len(d.learners) == 1
+    p.learner_done(False)
+    p.replay_changed(ready=True, behind=False)     # caught up: collect again
+    assert p.decide().rollouts == [0]
