@@ -134,19 +134,23 @@ def test_each_loss_reaches_only_its_own_parameters(sac):
 
 @pytest.mark.slow
 def test_sac_trains_pendulum_on_worker_processes(sac, local_client, tmp_path):
-    """8,000 env steps, one gradient step per env step (as in the paper), 100 per learner
-    task. Tuned on seeds 1-4, 6, 7: greedy -128 to -191 over 20 episodes at 8,000 steps, 28-52
-    s each (at 6,000 steps one seed in four stayed at -550); the test runs seed 5."""
+    """One gradient step per env step (as in the paper), 100 per learner task; a greedy
+    screening of 20 episodes every 10 tasks, and the run stops once 20 fresh greedy episodes
+    confirm a mean of -250 or more (an untrained policy scores about -1,200). Tuned on seeds
+    1-4, 6, 7: at 8,000 env steps the final greedy return was -128 to -191, but one run in
+    the suite ended at -525, so the test asks for the target within 16,000 steps and stops
+    when it is reached; the test runs seed 5."""
     run_dir = tmp_path / "sac"
     result = dask_rl.train(
-        {"algo": {"name": "sac", "gamma": 0.99, "target_every": 2, "hidden": 64, "batch_size": 128,
-                  "min_batch_size": 128, "updates_per_task": 100, "replay_ratio": 128,
-                  "buffer_size": 20_000, "max_buffer_size": 20_000, "learning_starts": 1000,
-                  "staleness_lambda": 0.0, "random_steps": 1000},
+        {"algo": {"name": "sac", "gamma": 0.99, "target_every": 2, "hidden": 64,
+                  "batch_size": 128, "min_batch_size": 128, "updates_per_task": 100,
+                  "replay_ratio": 128, "buffer_size": 20_000, "max_buffer_size": 20_000,
+                  "learning_starts": 1000, "staleness_lambda": 0.0, "random_steps": 1000},
          "env": {"id": "Pendulum-v1", "num_envs": 1}, "seed": 5,
          "rollout": {"steps": 200, "slots": 1},
          "learner": {"max_learners": 1, "lr": 1e-3, "anneal_lr": False, "max_grad_norm": 0},
-         "stop": {"env_steps": 8_000, "eval_every_updates": 0, "eval_episodes": 20},
+         "stop": {"env_steps": 16_000, "eval_every_updates": 10, "eval_episodes": 20,
+                  "target_return": -250.0, "confirm_episodes": 20, "confirm_margin": 0.0},
          "checkpoint": {"every_s": 0}},
         client=local_client, run_dir=run_dir)
     s = result.summary
@@ -156,4 +160,6 @@ def test_sac_trains_pendulum_on_worker_processes(sac, local_client, tmp_path):
     assert learners and all(r["learner/finite"] for r in learners)
     # each learner task took its 100 gradient steps on sampled transitions
     assert {r["learner/epochs"] for r in learners} == {100}
-    assert s["final_return"] >= -250, s
+    # solved: 20 fresh greedy episodes of the policy it keeps averaged -250 or more
+    assert s["solved"] and s["confirmation"]["episodes"] == 20, s
+    assert s["confirmation"]["mean_return"] >= -250, s
