@@ -174,13 +174,14 @@ class StopConfig:
                                          "and a confirming evaluation agrees")
     confirm_episodes: int | None = option(None, "episodes of the evaluation, on fresh seeds, "
                                                 "that confirms a target before a run is called "
-                                                "solved (None: the env's standard, 100 for "
-                                                "classic control and Box2D, else 20)", ge=1)
-    confirm_margin: float = option(4.0, "standard errors by which the confirming evaluation's "
-                                        "mean must clear the target; 4 lets an independent "
-                                        "evaluation of the same length fall short about 1 "
-                                        "time in 400 (0: the bare standard, which a policy "
-                                        "just at the target passes half the time)", ge=0)
+                                                "solved (None: three times the env's standard "
+                                                "of 100 episodes for classic control and Box2D, "
+                                                "else of 20)", ge=1)
+    confirm_margin: float = option(3.5, "standard errors of the gap between the confirming "
+                                        "evaluation's mean and a fresh evaluation's of the "
+                                        "env's standard length by which the former must "
+                                        "clear the target (0: the bare standard, which a "
+                                        "policy just at the target passes half the time)", ge=0)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -262,7 +262,8 @@ OTHER_EPISODES = 20       # our stated number where the env defines none (Atari,
 
 
 def solved_episodes(env: EnvConfig) -> int:
-    """Episodes a confirming evaluation averages before a run on ``env`` is called solved:
+    """Episodes of the env's standard evaluation, the one a solved run must be predicted to
+    pass (its confirmation is :data:`~dask_rl.control.schedule.CONFIRM_FACTOR` times as long):
     100 for classic-control and Box2D tasks (Gym defines e.g. CartPole-v1 as solved at a mean of
     475 over 100 consecutive episodes), :data:`OTHER_EPISODES` for envs without a standard."""
     spec = _registered(env.id) if env.entry_point is None else None

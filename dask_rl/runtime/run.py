@@ -9,8 +9,9 @@ runs the final evaluation, and reports progress.
 
 A greedy evaluation that reaches the target is a screening, not a verdict: a run is called
 solved only when a *confirming* evaluation of the policy it keeps — ``stop.confirm_episodes``
-episodes (the env's standard: 100 for the classic-control tasks, as Gym defines solving them)
-on seeds no screening uses — also reaches it, by ``stop.confirm_margin`` standard errors
+episodes (three times the env's standard: Gym defines solving a classic-control task by a mean
+over 100 episodes) on seeds no screening uses — predicts that a fresh evaluation by the standard
+reaches it, by ``stop.confirm_margin`` standard errors
 (:func:`~dask_rl.control.schedule.target_confirmed`). Each stop on a target is a test repeated many
 times over a run, and a short evaluation passes by luck often enough to matter (three of
 three short-evaluation "solves" of the main job were 334, 442 and 500 over 100 episodes).
@@ -38,7 +39,7 @@ from distributed import Client, Future, wait
 
 from dask_rl.checkpoint import CheckpointStore, StoreLocation
 from dask_rl.config import ConfigError, PipelineConfig
-from dask_rl.control.schedule import RECENT_EPISODES, target_confirmed
+from dask_rl.control.schedule import CONFIRM_FACTOR, RECENT_EPISODES, target_confirmed
 from dask_rl.data import Evaluation, Progress
 from dask_rl.data.metrics import TOPIC, MetricsLog
 from dask_rl.data.summary import RunSummary
@@ -114,8 +115,9 @@ class Run(abc.ABC):
         self.run_name = name or f"dask-rl-{uuid.uuid4().hex[:8]}"
         self.target = (cfg.stop.target_return if cfg.stop.target_return is not None
                        else reward_threshold(cfg.env))
+        self.standard_episodes = solved_episodes(cfg.env)
         self.confirm_episodes = (cfg.stop.confirm_episodes if cfg.stop.confirm_episodes
-                                 is not None else solved_episodes(cfg.env))
+                                 is not None else CONFIRM_FACTOR * self.standard_episodes)
         self.dashboard: str | None = None
         # counters, checkpointed
         self.env_steps = 0
@@ -253,7 +255,8 @@ class Run(abc.ABC):
     def _clears_target(self, result: Evaluation) -> bool:
         return self.target is not None and target_confirmed(
             mean=result.mean_return, std=result.std_return, episodes=result.episodes,
-            target=self.target, margin=self.cfg.stop.confirm_margin)
+            target=self.target, margin=self.cfg.stop.confirm_margin,
+            standard_episodes=self.standard_episodes)
 
     def confirm_seed(self) -> int:
         """Seeds of confirming evaluations: a range no screening or rollout uses."""

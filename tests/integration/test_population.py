@@ -22,7 +22,7 @@ def test_es_solves_cartpole(local_client, pipelines, tmp_path):
     records = read_metrics(tmp_path / "es" / "metrics.jsonl")
     confirmations = [r for r in records if r["kind"] == "eval" and r["purpose"] == "confirmation"]
     assert s["confirmation"] == {k: confirmations[-1][k] for k in s["confirmation"]}
-    assert s["confirmation"]["episodes"] == 100 and s["stop_reason"] == "solved"
+    assert s["confirmation"]["episodes"] == 300 and s["stop_reason"] == "solved"
     gens = [r for r in records if r["kind"] == "generation"]
     assert len(gens) == s["generations"] > 1
     assert all(r["es/tasks"] == 6 for r in gens)  # 24 pairs / 4 per task

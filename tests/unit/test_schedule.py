@@ -69,15 +69,24 @@ def test_a_resumed_schedule_evaluates_when_the_uninterrupted_one_would():
     assert due(old, [120, 123]) == [120]
 
 
-def test_a_confirmation_must_clear_the_target_by_its_margin():
-    # a seed of the main job in CI: 478.3 +- 50.1 over 100 episodes, then 471.9 on 100 fresh
-    # episodes. Its standard error is 5.0: 2.5 of them put the bar at 487.5, not passed
-    kw = {"episodes": 100, "target": 475.0}
-    assert not target_confirmed(mean=478.3, std=50.1, margin=2.5, **kw)
+def test_a_confirmation_must_predict_a_fresh_standard_evaluation_reaching_the_target():
+    # the gap between a 300-episode mean and a fresh 100-episode one has the standard error
+    # std * sqrt(1/300 + 1/100) = std * 0.11547: at std 40 that is 4.619, so 3.5 of them put
+    # the bar at 475 + 16.17 = 491.17
+    kw = {"episodes": 300, "target": 475.0, "standard_episodes": 100}
+    assert not target_confirmed(mean=491.1, std=40.0, margin=3.5, **kw)
+    assert target_confirmed(mean=491.2, std=40.0, margin=3.5, **kw)
+    # the suite's seed 12 (489.4 +- 31.5, then 474.3 on 100 fresh episodes): 100 episodes at
+    # the old 4 standard errors passed it (bar 487.6); the gap's bar is 475 + 3.5 * 31.5 *
+    # sqrt(2) / 10 = 490.6
+    assert not target_confirmed(mean=489.4, std=31.5, margin=3.5,
+                                **{**kw, "episodes": 100})
     assert target_confirmed(mean=478.3, std=50.1, margin=0.0, **kw)      # the bare standard
-    assert target_confirmed(mean=496.0, std=20.0, margin=2.5, **kw)      # 496 - 5 = 491
-    assert target_confirmed(mean=500.0, std=0.0, margin=2.5, **kw)       # every episode 500
+    assert target_confirmed(mean=500.0, std=0.0, margin=3.5, **kw)       # every episode 500
     assert not target_confirmed(mean=474.9, std=0.0, margin=0.0, **kw)
+    # a longer confirmation of the same mean and spread passes where a shorter one does not
+    assert target_confirmed(mean=489.0, std=30.0, margin=3.5, **{**kw, "episodes": 1000})
+    assert not target_confirmed(mean=489.0, std=30.0, margin=3.5, **{**kw, "episodes": 100})
 
 
 def test_learning_rate_anneals_linearly_to_a_floor():
