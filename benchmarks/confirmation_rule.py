@@ -21,7 +21,7 @@ chance a confirmation passes and the joint chance (pass, then the fresh evaluati
 With ``--train-seeds``, also the real thing: the main job (``pipelines/ppo_cartpole.yaml``, as
 shipped) trained on each seed on a 2-worker LocalCluster, and every policy it calls solved
 evaluated again on ``--fresh`` independent evaluations of 100 fresh episodes (seeds no run
-uses), each counted as a failure below 475. The suite's five-seed test uses seeds 11-15; these
+uses, 100 apart so that no two share an env), each counted as a failure below 475. The suite's five-seed test uses seeds 11-15; these
 are others.
 
 Writes ``benchmarks/results/confirmation_rule.json`` with its settings and commit.
@@ -84,8 +84,10 @@ def trained(seeds: list[int], fresh: int) -> list[dict]:
                 snap = PolicySnapshot(int(actor["version"]), actor["params"],
                                       actor.get("moments"))
                 cfg = load_pipeline("pipelines/ppo_cartpole.yaml", [f"seed={seed}"])
-                again = [evaluate(cfg, snap, episodes=STANDARD, seed=555_000 + 1_000 * seed + k)
-                         for k in range(fresh)]
+                # an evaluation's envs are seeded seed, seed + 1, ... (16 of them): seeds 100
+                # apart share no env
+                again = [evaluate(cfg, snap, episodes=STANDARD,
+                                  seed=555_000 + 1_000 * seed + 100 * k) for k in range(fresh)]
                 row["fresh"] = [{"mean": e.mean_return, "std": e.std_return} for e in again]
                 row["fresh_failed"] = sum(e.mean_return < TARGET for e in again)
             rows.append(row)
