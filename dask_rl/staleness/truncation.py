@@ -33,12 +33,12 @@ def truncation_weight(ratio: torch.Tensor, cross_ratio_min: torch.Tensor,
 
 class GlobalTruncation:
     """The weight function a learner with ``learner.is_truncation`` hands its algorithm's loss:
-    ``(ratio, minibatch) -> R'``, or None where no other learner was active (weight 1)."""
+    ``(ratio, minibatch) -> R'``. Where no other learner was active the minimum is over this
+    learner's own policy alone: ``R' = min(|r|, rho)``."""
 
     def __init__(self, rho: float):
         self.rho = rho
 
-    def __call__(self, ratio: torch.Tensor, mb: "Batch") -> torch.Tensor | None:
-        if mb.cross_ratio_min is None:
-            return None
-        return truncation_weight(ratio, mb.cross_ratio_min, self.rho)
+    def __call__(self, ratio: torch.Tensor, mb: "Batch") -> torch.Tensor:
+        others = mb.cross_ratio_min if mb.cross_ratio_min is not None else ratio
+        return truncation_weight(ratio, others, self.rho)

@@ -173,6 +173,29 @@ def test_is_truncation_weights_each_samples_gradient_by_r_prime(seed, rho):
         np.testing.assert_allclose(model.logits.grad[k].numpy(), want_grad, atol=1e-12)
 
 
+@pytest.mark.parametrize("seed, rho", [(4, 1.0), (5, 1.1), (6, 1.5)])
+def test_a_learner_alone_truncates_its_own_ratio(seed, rho):
+    """No other learner active: the paper's minimum is over this learner's policy alone,
+    ``R' = min(|r|, rho)`` — the cap still holds (it was once dropped: plain PPO)."""
+    d = _setup(seed)
+    eps = 0.2
+    cfg = PPOConfig(clip_coef=eps, vf_coef=0.0, ent_coef=0.0, norm_adv=False)
+    model = TableModel(d["logits"], d["values"])
+    total, _ = PPO(cfg).loss(model, _batch(d, cross_ratio_min=None),
+                             sample_weight=GlobalTruncation(rho))
+    want, weights = _truncation_reference(d, [], rho, eps)
+    assert total.item() == pytest.approx(want, rel=1e-9)
+    total.backward()
+    p = _softmax(d["logits"])
+    for k in range(B):
+        dlogp = np.eye(K)[d["actions"][k]] - p[k]
+        np.testing.assert_allclose(model.logits.grad[k].numpy(),
+                                   -weights[k] * d["adv"][k] / B * dlogp, atol=1e-12)
+    # the case matters: some sample's ratio is above the cap where PPO would weight it by r
+    r = d["pi"] / d["mu"]
+    assert ((r > rho) & (weights > 0)).any()
+
+
 def test_a_bad_action_above_the_cap_is_still_pushed_down():
     """Negative advantage, ratio above every cap: the gradient must lower its probability."""
     logits = np.array([[2.0, 0.0, 0.0]])
