@@ -249,6 +249,12 @@ class DeterministicPolicy(nn.Module):
             return torch.stack([x.argmax(-1) for x in torch.split(out, self.nvec, -1)], -1)
         return torch.max(torch.min(out, self.high), self.low)
 
+    def act(self, obs: torch.Tensor, *, greedy: bool = True,
+            generator: torch.Generator | None = None) -> tuple[torch.Tensor, None]:
+        """``(actions, None)``, as :meth:`_Policy.act` returns them (the policy is deterministic:
+        ``greedy`` and ``generator`` change nothing), so that a greedy evaluation plays it."""
+        return self(obs), None
+
 
 def _conv(c_in: int, c_out: int, k: int, s: int) -> nn.Conv2d:
     conv = nn.Conv2d(c_in, c_out, k, s)

@@ -7,6 +7,7 @@ import time
 import pytest
 
 import dask_rl
+from dask_rl.cli import main
 from dask_rl.data.metrics import read_metrics
 from dask_rl.pool import Pool
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.mark.slow
-def test_es_solves_cartpole(local_client, pipelines, tmp_path):
+def test_es_solves_cartpole(local_client, pipelines, tmp_path, capsys):
     result = dask_rl.train(pipelines / "es_cartpole.yaml", client=local_client,
                            run_dir=tmp_path / "es")
     s = result.summary
@@ -26,6 +27,11 @@ def test_es_solves_cartpole(local_client, pipelines, tmp_path):
     gens = [r for r in records if r["kind"] == "generation"]
     assert len(gens) == s["generations"] > 1
     assert all(r["es/tasks"] == 6 for r in gens)  # 24 pairs / 4 per task
+    # what it keeps plays as a user evaluates it (dask-rl evaluate), and holds on fresh episodes
+    assert main(["evaluate", str(tmp_path / "es"), "--episodes", "100", "--seed", "777000"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["version"] == s["confirmation"]["version"] and again["algorithm"] == "es"
+    assert again["mean_return"] >= 475, (again, s["confirmation"])
 
 
 @pytest.mark.slow
