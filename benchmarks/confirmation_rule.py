@@ -21,8 +21,8 @@ chance a confirmation passes and the joint chance (pass, then the fresh evaluati
 With ``--train-seeds``, also the real thing: the main job (``pipelines/ppo_cartpole.yaml``, as
 shipped) trained on each seed on a 2-worker LocalCluster, and every policy it calls solved
 evaluated again on ``--fresh`` independent evaluations of 100 fresh episodes (seeds no run
-uses, 100 apart so that no two share an env), each counted as a failure below 475. The suite's five-seed test uses seeds 11-15; these
-are others.
+uses, 100 apart so that no two share an env), each counted as a failure below 475. The
+suite's five-seed test uses seeds 11-15; these are others.
 
 Writes ``benchmarks/results/confirmation_rule.json`` with its settings and commit.
 

@@ -30,26 +30,11 @@ def target_confirmed(*, mean: float, std: float, episodes: int, target: float,
                      margin: float, standard_episodes: int) -> bool:
     """Whether a confirming evaluation predicts that a fresh evaluation by the env's standard
     (``standard_episodes`` episodes, e.g. Gym's 100 for CartPole) reaches the target:
-    ``mean - margin * std * sqrt(1 / episodes + 1 / standard_episodes) >= target``.
-
-    The standard error in that bar is the one of the gap between this evaluation's mean and a
-    fresh standard-length one's, both of the same policy (independent episodes, one spread:
-    ``std``). With ``margin`` 0 this is the bare standard, which a policy whose true mean sits
-    at the target passes half the time; and a run stops at its first pass, so the policies it
-    keeps are biased towards lucky evaluations (the winner's curse).
-
-    Why a confirmation longer than the standard (``stop.confirm_episodes`` defaults to three
-    times it) and a margin of 3.5: a nearly solved policy's returns are skewed (most episodes at
-    the cap, a few failures), so a short evaluation that drew few failures shows a high mean
-    *and* a small spread at once, and a bar in its own standard errors is lowest exactly when
-    it is luckiest. The suite's five-seed test once kept a confirmation of 489.4 +- 31.5 over
-    100 episodes (4 standard errors: passed) whose policy scored 474.3 +- 47.3 on 100 fresh
-    ones. Simulated on skewed returns (failures with probability p, uniform below the cap), the
-    chance per attempt of a pass followed by a failing fresh 100-episode evaluation peaked at
-    0.97% for the old rule (100 episodes, 4 of their standard errors) and at 0.16% for this one
-    (300 episodes, 3.5); a policy at 477, which a fresh 100-episode evaluation fails 38% of the
-    time, passed the old rule on 1.7% of attempts and this one on 0.01%, while one at 495
-    passed both (96%, 99.8%). ``python benchmarks/confirmation_rule.py``.
+    ``mean - margin * std * sqrt(1 / episodes + 1 / standard_episodes) >= target``, the
+    standard error being that of the gap between the two means (independent episodes, one
+    spread). ``margin`` 0 is the bare standard, which a policy just at the target passes half
+    the time. Why this form, three times the standard's episodes and a margin of 3.5:
+    ``docs/decisions/confirmation-rule.md``.
     """
     gap = std * math.sqrt(1.0 / max(episodes, 1) + 1.0 / max(standard_episodes, 1))
     return mean - margin * gap >= target

@@ -83,11 +83,11 @@ class ESDriver(Trainer):
                         break
                     self._generation()
                     self.check_heartbeat()
-                    self.maybe_checkpoint()
+                    self.checkpoints.maybe()
                     self.housekeeper.maybe_tidy()
                 if not self.interrupted:
-                    self.checkpoint()  # the final policy is safe before the last calls
-                    final = self.final_evaluation(self._noiseless_now)
+                    self.checkpoints.write()  # the final policy is safe before the last calls
+                    final = self.gate.final(self._noiseless_now)
                     return self.end(self._summary(final, self.trainer_summary(final)))
             except Abandoned as e:  # interrupted while waiting on something that did not end
                 logger.info("interrupted: %s", e)
@@ -108,8 +108,8 @@ class ESDriver(Trainer):
     def _finish_interrupted(self) -> ESSummary:
         """An interrupted run's end (see the driver's): a final checkpoint only if the actor
         answers in time, no new evaluation, the driver's counters where the actor is silent."""
-        written = self.final_checkpoint()
-        final = self.final_evaluation(self._noiseless_now)  # the last one; none is started
+        written = self.checkpoints.final()
+        final = self.gate.final(self._noiseless_now)  # the last one; none is started
         return self.end(self._summary(final, self.trainer_summary(
             final, self.final_actor_metrics())), extra=self.interrupted_extra(written))
 
@@ -127,12 +127,13 @@ class ESDriver(Trainer):
                 return got[0]
 
     def _noiseless(self, episodes: int | None = None, seed: int | None = None):
-        self.evals += 1
+        gate = self.gate
+        gate.evals += 1
         return self.client.submit(
             es_noiseless_task, self.run_name, self.actor,
             self.cfg.stop.eval_episodes if episodes is None else episodes,
-            10_000 * self.evals if seed is None else seed, pure=False,
-            key=f"es-noiseless-{self.evals}-{self.run_name}")
+            gate.screen_seed() if seed is None else seed, pure=False,
+            key=f"es-noiseless-{gate.evals}-{self.run_name}")
 
     def _gather(self, futures: list, also: list = (), timeout: float | None = None
                 ) -> list | None:
@@ -215,10 +216,10 @@ class ESDriver(Trainer):
         if evaluation is not None:  # noiseless episodes are not counted as training steps
             evaluated = self._gather([evaluation])
             if evaluated is not None:
-                self.record_eval(evaluated[0])
-        if self.target_hit:  # generations are synchronous: theta is still, confirm it now
-            self.record_confirmation(self._noiseless_now(self.confirm_episodes,
-                                                         self.confirm_seed()))
+                self.gate.screened(evaluated[0])
+        if self.gate.target_hit:  # generations are synchronous: theta is still, confirm it now
+            self.gate.confirmed(self._noiseless_now(self.gate.confirm_episodes,
+                                                    self.gate.confirm_seed()))
         seconds = time.perf_counter() - t0
         record = {"generation": self.generation, "env_steps": self.env_steps,
                   "updates": self.updates, "wall_s": self.elapsed(),

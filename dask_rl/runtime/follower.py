@@ -1,5 +1,6 @@
 """Rollout slots follow the cluster: the driver's part that watches workers come and go, solves
-TianJi's allocation on an adaptive cluster, and tells the scheduler what the run wants.
+TianJi's allocation on an adaptive cluster, tells the scheduler what the run wants, and says
+why nothing finishes when workers are paused for memory (or ends a run nothing can advance).
 
 Its duties are periodic (:meth:`ClusterFollower.rescale` every second,
 :meth:`~ClusterFollower.allocate` every ``ALLOCATE_EVERY_S``, :meth:`~ClusterFollower.report`
@@ -37,6 +38,7 @@ class ClusterFollower:
         self.slot_workers: dict[int, str] = {}
         self.known_workers: set[str] = set()
         self.allocation = None      # TianJi's allocation, on adaptive clusters
+        self.last_progress = time.monotonic()  # when a task last finished (the stall watchdog)
 
     def start(self) -> int:
         """Slots for the cluster as it is now: ``rollout.slots``, or one per worker thread."""
@@ -141,3 +143,43 @@ class ClusterFollower:
                     load.rollout_s, load.learner_s)
         if a.actors != run.policy.slots:
             self._place(a.actors)
+
+    def check_resources(self) -> None:
+        """A run whose learners need GPUs stops at once, in one line, on a cluster without."""
+        gpus = self.run.cfg.learner.gpus
+        if gpus <= 0:
+            return
+        have = self.run.client.run_on_scheduler(
+            lambda dask_scheduler: [w.resources.get("GPU", 0)
+                                    for w in dask_scheduler.workers.values()])
+        if not any(g >= gpus for g in have):
+            raise RuntimeError(
+                f"learner.gpus is {gpus:g} but no worker offers a GPU resource of that size "
+                f"(workers offer {have or 'nothing'}); start workers with --resources GPU=1 or "
+                f"set learner.gpus: 0")
+
+    def watch_stall(self, progressed: bool, in_flight: int) -> None:
+        """Degrade instead of stalling: when nothing finished for ``checkpoint.stall_s`` while
+        tasks are in flight, say why (workers paused for memory run nothing); when every
+        worker is paused, nothing ever will: end the run with one line."""
+        now = time.monotonic()
+        run = self.run
+        if progressed or not in_flight:
+            self.last_progress = now
+            return
+        stalled = now - self.last_progress
+        if stalled < run.cfg.checkpoint.stall_s:
+            return
+        workers = run.client.scheduler_info(n_workers=-1)["workers"]
+        paused = [a for a, w in workers.items() if w.get("status") == "paused"]
+        if workers and len(paused) == len(workers):
+            limit = min(w.get("memory_limit") or 0 for w in workers.values()) / 2**30
+            raise run.fail(
+                f"no task finished in {stalled:.0f} s: all {len(workers)} workers are paused "
+                f"for memory (limit {limit:.1f} GiB each); give them more memory "
+                f"(cluster.memory_limit, bigger pods) or use fewer env.num_envs", "stalled")
+        logger.warning("no task finished in %.0f s with %d in flight (%d of %d workers paused "
+                       "for memory)", stalled, in_flight, len(paused), len(workers))
+        run.metrics.write("stall", {"seconds": stalled, "in_flight": in_flight,
+                                    "paused_workers": len(paused), "workers": len(workers)})
+        self.last_progress = now

@@ -217,7 +217,7 @@ class PBTDriver(Run):
         # an interrupted member may end with no evaluation and no actor metrics (None)
         best = max(members, key=lambda m: -np.inf if m.final_return is None else m.final_return)
         firsts = [m.first_score for m in members if m.first_score is not None]
-        target = self.members[0].target
+        target = self.members[0].gate.target
         results = list(self.results.values())
         summary = PBTSummary(
             algorithm=f"pbt-{self.cfg.algo.name}", env_id=self.cfg.env.name,

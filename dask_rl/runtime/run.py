@@ -4,17 +4,9 @@
 :class:`~dask_rl.runtime.trainer.Trainer`, which adds the parameter actor) and population-based
 training's. It opens the run directory (``metrics.jsonl``, whose records also go to the
 scheduler as Dask events for the ``/rl`` page, and the checkpoint store), keeps the counters
-every summary reports, records greedy evaluations (stopping a run that reached its target),
-runs the final evaluation, and reports progress.
-
-A greedy evaluation that reaches the target is a screening, not a verdict: a run is called
-solved only when a *confirming* evaluation of the policy it keeps — ``stop.confirm_episodes``
-episodes (three times the env's standard: Gym defines solving a classic-control task by a mean
-over 100 episodes) on seeds no screening uses — predicts that a fresh evaluation by the standard
-reaches it, by ``stop.confirm_margin`` standard errors
-(:func:`~dask_rl.control.schedule.target_confirmed`). Each stop on a target is a test repeated many
-times over a run, and a short evaluation passes by luck often enough to matter (three of
-three short-evaluation "solves" of the main job were 334, 442 and 500 over 100 episodes).
+every summary reports, holds its evaluation gate (screenings and the confirmation that calls a
+run solved: :class:`~dask_rl.runtime.gate.EvaluationGate`), ends within a deadline when
+interrupted, and reports progress.
 
 Notes
 -----
@@ -39,11 +31,11 @@ from distributed import Client, Future, wait
 
 from dask_rl.checkpoint import CheckpointStore, StoreLocation
 from dask_rl.config import ConfigError, PipelineConfig
-from dask_rl.control.schedule import CONFIRM_FACTOR, RECENT_EPISODES, target_confirmed
-from dask_rl.data import Evaluation, Progress
+from dask_rl.control.schedule import RECENT_EPISODES
+from dask_rl.data import Progress
 from dask_rl.data.metrics import TOPIC, MetricsLog
 from dask_rl.data.summary import RunSummary
-from dask_rl.envs import reward_threshold, solved_episodes
+from dask_rl.runtime.gate import EvaluationGate
 from dask_rl.runtime.hooks import RunHooks
 from dask_rl.runtime.plugins import register_torch_sizeof
 from dask_rl.tracking import Trackers, redact
@@ -113,29 +105,19 @@ class Run(abc.ABC):
         self.progress = progress
         self.resume = resume
         self.run_name = name or f"dask-rl-{uuid.uuid4().hex[:8]}"
-        self.target = (cfg.stop.target_return if cfg.stop.target_return is not None
-                       else reward_threshold(cfg.env))
-        self.standard_episodes = solved_episodes(cfg.env)
-        self.confirm_episodes = (cfg.stop.confirm_episodes if cfg.stop.confirm_episodes
-                                 is not None else CONFIRM_FACTOR * self.standard_episodes)
         self.dashboard: str | None = None
         # counters, checkpointed
         self.env_steps = 0
         self.updates = 0
-        self.evals = 0
         self.wall_offset = 0.0  # the wall seconds and env steps of the sessions before a resume
         self.env_steps_offset = 0
-        self.best_return: float | None = None
         self.recoveries = 0
         self.episodes = 0
         self.returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
         # live state
-        self.last_eval: Evaluation | None = None
-        self.target_hit = False            # a screening reached the target: confirm it
-        self.confirmation: Evaluation | None = None   # the confirming evaluation, if any
+        self.gate = EvaluationGate(self)   # the evaluations' verdict
         self.stop_reason: str | None = None
         self.t0 = time.monotonic()
-        self.screenings: list[float] = []   # screening returns in order (sweeps prune on them)
         self.trackers: Trackers | None = None   # TensorBoard / MLflow, if the pipeline asks
         self.ended = False                       # the end record was written
         # the interrupt's clock (monotonic), and how long after it a wait may still go on
@@ -187,7 +169,7 @@ class Run(abc.ABC):
             latest = None
         summary = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
                    "env_steps": self.env_steps, "updates": self.updates,
-                   "wall_s": self.elapsed(), "best_return": self.best_return,
+                   "wall_s": self.elapsed(), "best_return": self.gate.best_return,
                    "stop_reason": stop_reason, "error": reason,
                    "recoveries": self.recoveries, "latest_checkpoint": latest,
                    "run": self.run_name}
@@ -229,51 +211,7 @@ class Run(abc.ABC):
             return "wall_s"
         return None
 
-    # ---- evaluations and progress --------------------------------------------------------------
-    def record_eval(self, result: Evaluation) -> None:
-        """A screening (greedy) evaluation came back: log it; reaching the target asks for a
-        confirmation (:attr:`target_hit`), which the driver runs when its policy is still."""
-        self._log_eval(result, "screening")
-        if (self.cfg.stop.solve_on_target and self.target is not None
-                and result.mean_return >= self.target and self.stop_reason is None):
-            self.target_hit = True
-
-    def record_confirmation(self, result: Evaluation) -> bool:
-        """A confirming evaluation came back: the run is solved (and stops) if it reached the
-        target; otherwise training goes on. Returns whether it was confirmed."""
-        self.target_hit = False
-        self.confirmation = result
-        self._log_eval(result, "confirmation")
-        confirmed = self._clears_target(result)
-        if confirmed and self.stop_reason is None:
-            self.stop_reason = "solved"
-        elif not confirmed:
-            logger.info("the target was not confirmed: %.1f +- %.1f over %d episodes",
-                        result.mean_return, result.std_return, result.episodes)
-        return confirmed
-
-    def _clears_target(self, result: Evaluation) -> bool:
-        return self.target is not None and target_confirmed(
-            mean=result.mean_return, std=result.std_return, episodes=result.episodes,
-            target=self.target, margin=self.cfg.stop.confirm_margin,
-            standard_episodes=self.standard_episodes)
-
-    def confirm_seed(self) -> int:
-        """Seeds of confirming evaluations: a range no screening or rollout uses."""
-        return 1_000_000_000 + 1_000 * self.evals
-
-    def _log_eval(self, result: Evaluation, purpose: str) -> None:
-        self.last_eval = result
-        if purpose == "screening":
-            self.screenings.append(result.mean_return)
-        ret = result.mean_return
-        self.best_return = ret if self.best_return is None else max(self.best_return, ret)
-        self.metrics.write("eval", {"env_steps": self.env_steps, "updates": self.updates,
-                                    "wall_s": self.elapsed(), "purpose": purpose,
-                                    **result.record()})
-        logger.info("greedy %s at %d steps (version %d): %.1f over %d episodes", purpose,
-                    self.env_steps, result.version, ret, result.episodes)
-
+    # ---- interrupts ----------------------------------------------------------------------------
     def interrupt(self, reason: str = "interrupted") -> None:
         """Stop soon (Ctrl-C, or a sweep pruning the run with ``reason="pruned"``): no new
         work, a final checkpoint and summary, no final evaluation when one exists already.
@@ -351,32 +289,7 @@ class Run(abc.ABC):
             except TimeoutError:
                 pass
 
-    def final_evaluation(self, evaluate: Callable[[int, int], Evaluation]
-                         ) -> Evaluation | None:
-        """The evaluation the summary reports, of the final policy: the confirmation that
-        solved the run (or, for an interrupted run, the last evaluation), or a new screening
-        — followed by a confirmation when it reaches the target, so that ``solved`` is always
-        judged on ``confirm_episodes`` fresh episodes. ``evaluate(episodes, seed)``. None for
-        an interrupted run that has no evaluation: none is started on a cluster that may be
-        going."""
-        if self.stop_reason == "solved" and self.confirmation is not None:
-            return self.confirmation
-        self.confirmation = None  # one of an earlier policy says nothing of the final one
-        if self.interrupted:
-            return self.last_eval
-        if self.stop_reason in ("interrupted", "pruned") and self.last_eval is not None:
-            return self.last_eval
-        result = evaluate(self.cfg.stop.eval_episodes, 10_000 + self.evals + 1)
-        self._log_eval(result, "screening")
-        if self.target is not None and result.mean_return >= self.target:
-            result = evaluate(self.confirm_episodes, self.confirm_seed())
-            self.record_confirmation(result)
-        return result
-
-    def solved(self) -> bool:
-        """Whether a confirming evaluation of the final policy reached the target."""
-        return self.confirmation is not None and self._clears_target(self.confirmation)
-
+    # ---- progress and the end ---------------------------------------------------------------
     def report_progress(self, *, env_steps: int | None = None, total: int | None = None,
                         recent_return: float | None = None, updates: int | None = None,
                         steps_per_s: float | None = None,
@@ -384,7 +297,8 @@ class Run(abc.ABC):
         """Tell the progress callback where the run stands (defaults: this run's counters)."""
         if self.progress is None:
             return
-        last = self.last_eval.mean_return if self.last_eval is not None else None
+        gate = self.gate
+        last = gate.last_eval.mean_return if gate.last_eval is not None else None
         self.progress(Progress(
             env_steps=self.env_steps if env_steps is None else env_steps,
             total=self.cfg.stop.env_steps if total is None else total,
@@ -392,7 +306,7 @@ class Run(abc.ABC):
             updates=self.updates if updates is None else updates,
             steps_per_s=self.steps_per_s() if steps_per_s is None else steps_per_s,
             eval_return=last if eval_return is None else eval_return,
-            dashboard=self.dashboard, screenings=tuple(self.screenings)))
+            dashboard=self.dashboard, screenings=tuple(gate.screenings)))
 
     def end(self, summary: RunSummary, *, omit: tuple[str, ...] = (),
             extra: dict[str, Any] | None = None) -> RunSummary:

@@ -2,8 +2,9 @@
 
 :class:`Trainer` is the base of the asynchronous learners' driver and of the ES driver. On top
 of :class:`~dask_rl.runtime.run.Run` it registers the run's worker plugin, creates the
-supervised parameter actor, resumes from or recovers to the latest checkpoint, watches the
-actor's heartbeat, and assembles the part of the summary every trainer shares.
+supervised parameter actor, recovers a lost actor to the latest checkpoint (its
+:class:`~dask_rl.runtime.checkpoints.Checkpoints` write and load them), watches the actor's
+heartbeat, and assembles the part of the summary every trainer shares.
 
 Notes
 -----
@@ -25,24 +26,23 @@ from typing import Any
 
 import numpy as np
 
-from dask_rl.checkpoint import CheckpointError, Pending
-from dask_rl.config import public_dict
+from dask_rl.checkpoint import Pending
 from dask_rl.data import Evaluation
 from dask_rl.envs import env_spaces, space_to_dict
+from dask_rl.runtime.checkpoints import Checkpoints
 from dask_rl.runtime.cluster import rl_page
 from dask_rl.runtime.handle import ActorHandle
 from dask_rl.runtime.housekeeping import Housekeeper
 from dask_rl.runtime.plugins import RunState
-from dask_rl.runtime.run import INTERRUPT_DEADLINE_S, Abandoned, Run, RunFailed
+from dask_rl.runtime.run import INTERRUPT_DEADLINE_S, Abandoned, Run
 from dask_rl.runtime.supervisor import ActorSupervisor
 
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 5  # tasks of one kind (or ES generations) failing in a row end a run
-# An interrupted run's end, in seconds after the signal (Run.abandon_after): the final
-# checkpoint (the actor's state, the workers' replay writes) is given up by the first mark, the
-# actor's final metrics by the second; the summary then needs no cluster.
-FINAL_CHECKPOINT_BY_S = INTERRUPT_DEADLINE_S - 5.0
+# An interrupted run's end, in seconds after the signal (Run.abandon_after): after the final
+# checkpoint (checkpoints.FINAL_CHECKPOINT_BY_S), the actor's final metrics are given up by this
+# mark; the summary then needs no cluster.
 FINAL_METRICS_BY_S = INTERRUPT_DEADLINE_S - 3.0
 RELEASE_WAIT_S = 2.0  # an interrupted run's release of its worker plugin, at most
 
@@ -57,7 +57,7 @@ class Trainer(Run):
         self.env_steps_discarded = 0
         self.updates_discarded = 0
         self.replay_lost = 0
-        self.checkpoint_failures = 0
+        self.checkpoints = Checkpoints(self)
         self.rolled_back_at = 0  # env steps at the last rollback
         self._spaces: dict[str, Any] | None = None
 
@@ -121,7 +121,6 @@ class Trainer(Run):
     def open(self) -> None:
         cfg = self.cfg
         self.open_run()
-        self.last_checkpoint = time.monotonic()
         params, moments = self.initial_params()
         self.num_params = len(params)
         if self.interrupted:  # before there was anything to save: nothing is started
@@ -137,111 +136,14 @@ class Trainer(Run):
                                           moments=moments, wait=self.wait_for,
                                           **self.actor_options())
         if self.resume:
-            self._restore()
-        elif self.checkpoint() is None:  # recovery always has a checkpoint to return to
+            self.checkpoints.resume()
+        elif self.checkpoints.write() is None:  # recovery always has a checkpoint to return to
             raise RuntimeError(f"cannot write the first checkpoint to {self.store.root}")
-        self.last_checkpoint = time.monotonic()
+        self.checkpoints.last = time.monotonic()
 
     @property
     def actor(self) -> ActorHandle:
         return self.supervisor.handle
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def maybe_checkpoint(self) -> None:
-        every = self.cfg.checkpoint.every_s
-        if every > 0 and time.monotonic() - self.last_checkpoint >= every:
-            self.checkpoint()
-
-    def checkpoint(self) -> str | None:
-        """Write the actor's and the driver's state as one checkpoint now.
-
-        A checkpoint that cannot be written (a full disk, a store that went away) is logged
-        and skipped: the previous one stays ``latest`` (a commit is atomic) and the run goes
-        on; the next attempt comes after ``checkpoint.every_s``. Returns the name, or None.
-        """
-        t0 = time.perf_counter()
-        self.metrics.write("phase", {"phase": "checkpoint", "event": "start",
-                                     "env_steps": self.env_steps})
-        actor_state = self.actor_call("state_dict")
-        try:
-            return self._write_checkpoint(actor_state, t0)
-        except (RunFailed, Abandoned):
-            raise
-        except Exception as e:  # OSError, Zarr's own errors, a replay write that failed...
-            # the actor's state is already here and nothing was published: keep the previous
-            self.last_checkpoint = time.monotonic()
-            self.checkpoint_failures += 1
-            logger.warning("could not write a checkpoint (%s); the previous one is kept",
-                           " ".join(f"{type(e).__name__}: {e}".split())[:300])
-            self.metrics.write("checkpoint_failed", {"error": repr(e)[:1000],
-                                                     "env_steps": self.env_steps})
-            return None
-
-    def _write_checkpoint(self, actor_state: dict, t0: float) -> str:
-        pending = self.store.begin()
-        written, extra_meta = self.write_extra(pending)
-        driver = {"env_steps": self.env_steps, "evals": self.evals, "wall_s": self.elapsed(),
-                  "best_return": self.best_return, "recoveries": self.recoveries,
-                  "episodes": self.episodes, "recent_returns": list(self.returns),
-                  "env_steps_discarded": self.env_steps_discarded,
-                  "updates_discarded": self.updates_discarded, "replay_lost": self.replay_lost,
-                  **self.driver_state()}
-        meta = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
-                "run_id": self.store_location.run_id,
-                "config": public_dict(self.cfg), "spaces": self.spaces(),
-                "env_steps": self.env_steps,
-                "updates": actor_state["version"], "time": time.time(), **extra_meta}
-        name = self.store.commit(pending, {"actor": actor_state, "driver": driver}, meta=meta,
-                                 replay=len(written), replay_checksums=written)
-        self.last_checkpoint = time.monotonic()
-        self.metrics.write("checkpoint", {"name": name, "seconds": time.perf_counter() - t0,
-                                          "env_steps": self.env_steps,
-                                          "updates": actor_state["version"]})
-        return name
-
-    def load_checkpoint(self) -> tuple[dict, dict, str]:
-        """The newest good checkpoint of this run, loaded into the parameter actor."""
-        expect = {"algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
-                  "num_params": self.num_params}
-        if self.store_location.run_id is not None:  # never another run's checkpoint
-            expect["run_id"] = self.store_location.run_id
-        state, meta, name = self.store.load_latest_good(expect=expect)
-        self.actor.call("load_state_dict", state["actor"])
-        self.updates = int(state["actor"]["version"])
-        self.restore_extra(name, meta)
-        return state, meta, name
-
-    def _restore(self) -> None:
-        # guarded like every other actor call: the actor's worker may die while it loads
-        for attempt in range(self.cfg.checkpoint.max_recoveries + 1):
-            try:
-                state, _, name = self.load_checkpoint()
-                break
-            except CheckpointError:
-                raise
-            except Exception as e:
-                if attempt == self.cfg.checkpoint.max_recoveries or self.supervisor.alive(
-                        timeout=min(5.0, self.cfg.checkpoint.actor_timeout_s)):
-                    raise
-                logger.warning("the parameter actor was lost while resuming (%s); again on "
-                               "a new one", type(e).__name__)
-                self.supervisor.replace()
-        d = state["driver"]
-        self.env_steps = self.env_steps_offset = int(d["env_steps"])
-        self.evals = int(d["evals"])
-        self.wall_offset = float(d["wall_s"])
-        self.best_return = d.get("best_return")
-        self.recoveries = int(d.get("recoveries", 0))
-        self.episodes = int(d.get("episodes", 0))
-        self.env_steps_discarded = int(d.get("env_steps_discarded", 0))
-        self.updates_discarded = int(d.get("updates_discarded", 0))
-        self.replay_lost = int(d.get("replay_lost", 0))
-        self.returns.extend(d.get("recent_returns", []))
-        self.load_driver_state(d)
-        logger.info("resumed from %s at %d env steps, version %d", name, self.env_steps,
-                    self.updates)
-        self.metrics.write("resume", {"checkpoint": name, "env_steps": self.env_steps,
-                                      "updates": self.updates})
 
     # ---- the actor -----------------------------------------------------------------------------
     def actor_call(self, method: str, *args, on_loss: str = "retry", **kwargs):
@@ -306,7 +208,7 @@ class Trainer(Run):
         while True:  # the new actor's worker may die while it is made or loaded: another loss
             try:
                 self.supervisor.replace()
-                state, _, name = self.load_checkpoint()
+                state, _, name = self.checkpoints.load()
                 break
             except Exception as e:
                 if self.interrupted:
@@ -322,13 +224,8 @@ class Trainer(Run):
         self.rolled_back_at = steps_before
         self.updates_discarded += max(before - self.updates, 0)
         self.env_steps_discarded += max(steps_before - kept_steps, 0)
-        if self.confirmation is not None and self.updates < before:
-            # the confirmed policy went with the rollback: the run's end judges the policy it
-            # now holds (Run.final_evaluation), never the one that is gone
-            logger.warning("the confirmed policy (version %d) was lost with the parameter "
-                           "actor; the final policy will be judged again",
-                           self.confirmation.version)
-            self.confirmation = None
+        if self.updates < before:
+            self.gate.policy_lost()
         self.metrics.write("recovery", {"reason": reason, "checkpoint": name,
                                         "version_lost": before, "version": self.updates,
                                         "env_steps": self.env_steps,
@@ -353,24 +250,6 @@ class Trainer(Run):
                 f"last: {reason}", "crash_loop")
 
     # ---- the end -------------------------------------------------------------------------------
-    def final_checkpoint(self) -> str | None:
-        """An interrupted run's last checkpoint, if the actor answers by
-        ``FINAL_CHECKPOINT_BY_S`` after the signal (with the workers' replay writes); else None,
-        and the previous checkpoint stands."""
-        if not hasattr(self, "supervisor"):  # interrupted before the actor existed
-            return None
-        if self._actor_worker_gone():
-            logger.warning("no final checkpoint: the parameter actor's worker is gone; the "
-                           "previous one stands")
-            return None
-        self.abandon_after = FINAL_CHECKPOINT_BY_S
-        try:
-            return self.checkpoint()
-        except Exception as e:  # Abandoned, a comm closed by a worker going...
-            logger.warning("no final checkpoint (%s); the previous one stands",
-                           " ".join(f"{type(e).__name__}: {e}".split())[:200])
-            return None
-
     def final_actor_metrics(self) -> dict[str, Any]:
         """The actor's metrics for the summary; an interrupted run whose actor does not answer
         by ``FINAL_METRICS_BY_S`` after the signal gets what the driver knows instead (None for
@@ -379,7 +258,7 @@ class Trainer(Run):
             return self.actor_call("metrics")
         self.abandon_after = FINAL_METRICS_BY_S
         try:
-            if hasattr(self, "supervisor") and not self._actor_worker_gone():
+            if hasattr(self, "supervisor") and not self.actor_worker_gone():
                 return self.actor_call("metrics")
         except Exception as e:
             logger.warning("the parameter actor did not give its final metrics (%s); the "
@@ -390,7 +269,7 @@ class Trainer(Run):
                 "gradients/weight_sum": None, "pushes/refused": None, "actor/apply_s": None,
                 "actor/rollout_pulls": None, "actor/rollout_loads": None}
 
-    def _actor_worker_gone(self) -> bool:
+    def actor_worker_gone(self) -> bool:
         """Whether the scheduler has lost the actor's worker (a call to it would retry its
         connection for Dask's connect timeout, 30 s, before failing)."""
         try:
@@ -427,10 +306,10 @@ class Trainer(Run):
             "algorithm": self.cfg.algo.name, "env_id": self.cfg.env.name,
             "env_steps": self.env_steps, "updates": actor_metrics["version"], "wall_s": wall,
             "final_return": final.mean_return if final is not None else None,
-            "best_return": self.best_return,
-            "target_return": self.target,
-            "solved": self.solved(),
-            "confirmation": self.confirmation.record() if self.confirmation else None,
+            "best_return": self.gate.best_return,
+            "target_return": self.gate.target,
+            "solved": self.gate.solved(),
+            "confirmation": self.gate.confirmation.record() if self.gate.confirmation else None,
             "stop_reason": self.stop_reason,
             "staleness_mean": actor_metrics["staleness/mean"],
             "staleness_max": actor_metrics["staleness/max"],

@@ -244,7 +244,7 @@ def test_the_actor_lost_after_a_confirmed_solve_judges_the_policy_left(client, t
     class KillWhenSolved(RunHooks):
         def finishing(self, run):
             if run.stop_reason == "solved" and not lost:
-                lost.append(run.confirmation.version)
+                lost.append(run.gate.confirmation.version)
                 kill_actor_worker(run)
     cfg = dask_rl.api.resolve(PIPELINES / "ppo_cartpole.yaml",
                               # it must solve (a low target) to reach its moment
