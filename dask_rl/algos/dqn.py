@@ -20,9 +20,12 @@ is a staircase with steps of ``rollout.steps x env.num_envs``.
 Deviations: learners are asynchronous tasks (TianJi's relaxed dependencies): each pulls the
 parameters and the target network, takes ``updates_per_task`` Adam steps on batches of
 ``batch_size`` sampled transitions and pushes the change, as PPO's learners do; the target
-network is refreshed by the parameter actor every ``target_every`` updates (with
-``aggregation.strategy: async``, the only one DQN accepts, a version is one learner task). The
-optimizer is Adam (as in Rainbow), not Nature's RMSProp. Its Q-network is the policy head of
+network is refreshed by the parameter actor every ``target_every`` versions (with
+``aggregation.strategy: async``, the only one DQN accepts, a version is one learner task), i.e.
+every ``target_every x updates_per_task`` gradient steps (3,200 by default; Nature's C is
+10,000). The optimizer is Adam (as in Rainbow), not Nature's RMSProp, and the learner clips
+the gradient's global norm to ``learner.max_grad_norm`` (0.5, the learners' shared default) on
+top of the Huber loss; Nature clips only the error. Its Q-network is the policy head of
 the actor-critic models (the value head is unused): the greedy policy is the argmax of ``Q``.
 TianJi's notes also keep "shadow parameters", a delayed copy for acting decisions; they are not
 built: rollouts act with the parameters they last pulled (which

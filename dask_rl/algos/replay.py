@@ -18,10 +18,13 @@ AAAI 2018, Sec. "Multi-step learning"),
 
 with ``m = min(n, steps to the episode's end, steps to the trajectory's end)``: the sum stops
 at an episode's end, and the bootstrap is 0 after a termination, the value of the final
-observation after a truncation (time limits are not terminal), and the value of the next
+observation after a truncation (time limits are not terminal: Pardo et al., ICML 2018, "Time
+Limits in Reinforcement Learning"), and the value of the next
 observation where the trajectory or the ``n`` steps end. A transition carries
 ``(obs, action, R, gamma^m or 0, next_obs)``; what ``V`` is (DQN's double-Q, SAC's soft value)
-is the algorithm's loss. ``n = 1`` is the one-step transition ``(s, a, r, gamma (1 - done), s')``.
+is the algorithm's loss. ``n = 1`` is the one-step transition
+``(s, a, r, gamma (1 - terminated), s')``. Cutting the sum at an episode's end is Rainbow's
+per-step discount ``gamma_t = 0`` at terminals.
 
 Deviation: the sum is also cut where a rollout's trajectory ends (``m < n`` for its last
 ``n - 1`` steps, bootstrapping with ``gamma^m`` from the last observation: still a valid n-step

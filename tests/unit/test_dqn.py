@@ -234,3 +234,41 @@ def test_dqn_refuses_every_strategy_but_async(strategy):
         from_dict({"algo": {"name": "dqn"}, "aggregation": {"strategy": strategy}},
                   check_env=False)
     assert from_dict({"algo": {"name": "dqn"}}, check_env=False).aggregation.strategy == "async"
+
+
+def test_a_replay_learner_bootstraps_from_the_snapshots_target_network():
+    """The bootstrap is valued by the target network the snapshot carries (Mnih et al. 2015),
+    not by the online parameters: changing only the target changes the update where there is
+    a bootstrap (discount > 0) and changes nothing where there is none."""
+    from gymnasium import spaces
+
+    from dask_rl.algos.replay import Transitions
+    from dask_rl.config import from_dict
+    from dask_rl.data import PolicySnapshot
+    from dask_rl.models import get_flat, make_model
+    from dask_rl.roles.learner import Learner
+
+    cfg = from_dict({"algo": {"name": "dqn"}, "env": {"id": "CartPole-v1"},
+                     "learner": {"max_grad_norm": 0}}, check_env=False)
+    obs_space, act_space = spaces.Box(-5, 5, (4,), np.float32), spaces.Discrete(2)
+    online = get_flat(make_model(obs_space, act_space, cfg.model, seed=0))
+    other = get_flat(make_model(obs_space, act_space, cfg.model, seed=1))
+    rng = np.random.default_rng(3)
+
+    def delta(target, discount):
+        t = Transitions(obs=rng.normal(size=(32, 4)).astype(np.float32),
+                        actions=np.arange(32) % 2, returns=np.ones(32, np.float32),
+                        discounts=np.full(32, discount, np.float32),
+                        next_obs=np.linspace(-2, 2, 128, dtype=np.float32).reshape(32, 4))
+        snap = PolicySnapshot(0, online, target_params=target)
+        return Learner(cfg, obs_space, act_space, device="cpu").update_transitions(
+            snap, t, lr=1e-3, batch_size=32, seed=1).delta
+
+    def twice(discount):   # the same transitions, valued by the online then the other net
+        state = rng.bit_generator.state
+        first = delta(online, discount)
+        rng.bit_generator.state = state
+        return first, delta(other, discount)
+
+    assert not np.allclose(*twice(0.9))
+    np.testing.assert_array_equal(*twice(0.0))

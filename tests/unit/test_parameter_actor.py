@@ -214,3 +214,20 @@ def test_tianji_step_is_the_one_applied_to_the_parameters():
     ack = a.push(np.ones(2, np.float32), 0, "A", samples=40, stale_samples=10)  # P = 0.25
     assert ack.status == "applied" and ack.weight == pytest.approx(1 / 1.75)
     np.testing.assert_allclose(a.pull().params, -0.5 / 1.75 * np.ones(2), rtol=1e-6)
+
+
+def test_the_target_network_is_the_parameters_of_every_target_every_th_version():
+    """Mnih et al. 2015: the target network is a copy of the parameters every C updates, held
+    fixed in between. Each push here applies one update (async, plain SGD, step 1)."""
+    c = 3
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig(alpha0=1.0), target_every=c)
+    params = {0: np.zeros(2)}
+    for v in range(10):
+        a.pull(learner_id=f"L{v}")
+        a.push(np.array([1.0, float(v)], np.float32), v, f"L{v}")
+        params[v + 1] = params[v] - np.array([1.0, float(v)])   # theta -= alpha0 * delta
+        snap = a.pull_learner(f"probe{v}")
+        assert snap.version == v + 1
+        np.testing.assert_array_equal(snap.params, params[v + 1])
+        held = (v + 1) // c * c              # the newest multiple of C, 0 before the first
+        np.testing.assert_array_equal(snap.target_params, params[held])
