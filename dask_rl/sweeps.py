@@ -313,13 +313,13 @@ def sweep(pipeline: Any, space: str | Path | dict, *, trials: int, sweep_dir: st
                 interrupt_running("interrupted", run_dir=run_dir)
                 return
             # the k-th screening evaluation is step k: a grid every trial shares
-            while reported[0] < len(p.gate.screenings):
+            while reported[0] < len(p.screenings):
                 reported[0] += 1
-                trial.report(float(p.gate.screenings[reported[0] - 1]), step=reported[0])
+                trial.report(float(p.screenings[reported[0] - 1]), step=reported[0])
                 if trial.should_prune():
                     # the run stops like an interrupted one: a final checkpoint and a summary
                     logger.info("trial %d pruned at screening %d: %.1f", trial.number,
-                                reported[0], p.gate.screenings[reported[0] - 1])
+                                reported[0], p.screenings[reported[0] - 1])
                     asked.append("pruned")
                     interrupt_running("pruned", run_dir=run_dir)
                     return
