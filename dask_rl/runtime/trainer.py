@@ -344,6 +344,7 @@ class Trainer(Run):
             try:
                 if inflight:
                     self.client.cancel(inflight)
+                self._release_tasks()
                 if hasattr(self, "supervisor"):
                     self.supervisor.close()
                 self.client.unregister_worker_plugin(self.run_name)
@@ -359,3 +360,19 @@ class Trainer(Run):
         else:
             release()
         super().close()
+
+    def _release_tasks(self) -> None:
+        """Every task of this run that the client still holds is released, and with it the
+        data it left on the workers (trajectories, a replay buffer): a run on a user's cluster
+        leaves nothing there when it ends. The driver's parts refer to one another, so without
+        this their futures would stay until Python's cycle collector happened to run. The
+        run's keys end with its name; tasks without a key of their own depend on those and go
+        with them. The parameter actor is the supervisor's to close."""
+        from distributed import Future
+
+        suffix = f"-{self.run_name}"
+        keys = [k for k in list(self.client.futures)
+                if isinstance(k, str) and k.endswith(suffix)
+                and not k.startswith("parameter-actor-")]
+        if keys:
+            self.client.cancel([Future(k, self.client) for k in keys])

@@ -72,20 +72,28 @@ def test_forgotten_work_is_let_go_and_the_scheduler_keeps_working():
         assert group.span_id in spans.spans and held.result() == 49
 
 
-def test_a_run_on_a_users_cluster_leaves_no_parameter_actor_behind(local_client, pipelines,
-                                                                   tmp_path):
-    """The cluster outlives the run: the run's parameter actor (and the parameters it holds
-    on its worker) is released when the run ends, not when the driver is garbage-collected."""
+@pytest.mark.parametrize("pipeline, overrides", [
+    ("ppo_cartpole.yaml", ["stop.env_steps=2048"]),
+    ("dqn_cartpole.yaml", ["stop.env_steps=3000", "algo.learning_starts=400"])])
+def test_a_run_on_a_users_cluster_leaves_nothing_of_its_own_behind(local_client, pipelines,
+                                                                   tmp_path, pipeline,
+                                                                   overrides):
+    """The cluster outlives the run: its parameter actor, its trajectories and its replay
+    buffer are released when the run ends, while the caller still holds the result, not when
+    Python's cycle collector next runs (before: DQN left its buffer's trajectories and a
+    learner on the scheduler until a gc.collect())."""
     import dask_rl
 
-    dask_rl.train(pipelines / "ppo_cartpole.yaml", client=local_client, run_dir=tmp_path / "r",
-                  overrides=["stop.env_steps=2048", "checkpoint.every_s=0"])
+    result = dask_rl.train(pipelines / pipeline, client=local_client, run_dir=tmp_path / "r",
+                           overrides=[*overrides, "checkpoint.every_s=0",
+                                      "stop.solve_on_target=false"])
+    assert result.summary["env_steps"] > 0
 
-    def actors():
-        return local_client.run_on_scheduler(lambda dask_scheduler: [
-            k for k in dask_scheduler.tasks if str(k).startswith("parameter-actor")])
+    def tasks():
+        return local_client.run_on_scheduler(lambda dask_scheduler: sorted(
+            str(k) for k in dask_scheduler.tasks))
 
     deadline = time.time() + 5
-    while actors() and time.time() < deadline:
+    while tasks() and time.time() < deadline:
         time.sleep(0.05)
-    assert actors() == []
+    assert tasks() == []
