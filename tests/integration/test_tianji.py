@@ -83,6 +83,7 @@ def test_event_triggered_pulls_ask_less_often_and_act_with_older_policies(local_
     assert lag_4 > lag_1 and lag_m > lag_1, (lag_1, lag_4, lag_m)
 
 
+@pytest.mark.slow
 def test_dqn_learns_cartpole_on_the_replay_path(local_client, pipelines, tmp_path):
     # a greedy policy of a uniformly random Q-network returns ~10 and a random policy ~22;
     # the pipeline as shipped solves by 44k-85k env steps on its tuning seeds (the
