@@ -7,6 +7,8 @@ interval.
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Sequence
 
 import numpy as np
@@ -46,6 +48,9 @@ def welch(a: Sequence[float], b: Sequence[float], *, level: float = 0.95) -> dic
     x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
     va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     diff, se = float(x.mean() - y.mean()), float(np.sqrt(va + vb))
+    if se == 0.0:  # no spread on either side (e.g. every run scored the cap of 500)
+        return {"diff": diff, "ci95": [diff, diff], "t": 0.0 if diff == 0 else math.copysign(
+            math.inf, diff), "df": float(x.size + y.size - 2), "p": 1.0 if diff == 0 else 0.0}
     t = diff / se
     df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
     p = 2 * scipy_stats.t.sf(abs(t), df)

@@ -28,6 +28,15 @@ def test_welch_matches_scipy_and_its_interval_covers_the_difference_at_p():
     assert lo < ours["diff"] < hi and lo > 0  # p < 0.05 here: the 95% interval excludes 0
 
 
+def test_welch_without_spread_is_a_point_not_a_division_by_zero():
+    # every run at CartPole's cap on both sides: no difference, and nothing to test
+    same = welch([500.0] * 5, [500.0] * 5)
+    assert same["diff"] == 0 and same["ci95"] == [0, 0] and same["p"] == 1.0
+    # no spread but different: the difference is certain (a point interval)
+    apart = welch([500.0] * 3, [400.0] * 3)
+    assert apart["diff"] == 100 and apart["ci95"] == [100, 100] and apart["p"] == 0.0
+
+
 def test_holm_by_hand():
     # sorted: 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> monotone 0.06)
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
