@@ -8,7 +8,6 @@ interval.
 from __future__ import annotations
 
 import math
-
 from typing import Callable, Sequence
 
 import numpy as np

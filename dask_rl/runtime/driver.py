@@ -37,6 +37,7 @@ from dask_rl.runtime.replay_checkpoint import ReplayCheckpoint
 from dask_rl.runtime.rollouts import RolloutTasks
 from dask_rl.runtime.run import Abandoned, RunFailed
 from dask_rl.runtime.sampled import SampledReplay
+from dask_rl.runtime.tasks import evaluate_task
 from dask_rl.runtime.timers import Timers
 from dask_rl.runtime.trainer import MAX_CONSECUTIVE_FAILURES, Trainer
 from dask_rl.staleness import STRATEGIES
@@ -55,6 +56,8 @@ class Driver(Trainer):
     Takes the arguments of :class:`~dask_rl.runtime.run.Run`; ``progress`` is called after
     every learner result.
     """
+
+    evaluation_task = staticmethod(evaluate_task)   # greedy: the mode of each action
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

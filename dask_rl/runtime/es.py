@@ -8,6 +8,13 @@ ranks the ``2N`` returns and sends the per-pair weights to a task on the paramet
 worker, which forms the weighted noise sum from its own table and pushes the step to the actor
 (Adam, ``algo.step_size``). Every ``algo.eval_every`` generations a noiseless evaluation of
 ``theta`` runs beside the perturbations; reaching ``stop.target_return`` ends the run.
+
+Built from the asynchronous driver's parts where the work is the same: evaluations through
+:class:`~dask_rl.runtime.evaluations.EvaluationTasks` (with ES's noiseless task) and its
+:class:`~dask_rl.runtime.gate.EvaluationGate`, checkpoints through
+:class:`~dask_rl.runtime.checkpoints.Checkpoints`, periodic duties in one
+:class:`~dask_rl.runtime.timers.Timers` table. Its generations are its own: synchronous by
+the algorithm, each gathered whole.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from dask_rl.data.summary import ESSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat, make_policy
 from dask_rl.models.normalizer import empty_moments, merge_moments
+from dask_rl.runtime.evaluations import EvaluationTasks
 from dask_rl.runtime.run import Abandoned, RunFailed
 from dask_rl.runtime.tasks import es_evaluate_task, es_noiseless_task, es_update_task
+from dask_rl.runtime.timers import Timers
 from dask_rl.runtime.trainer import MAX_CONSECUTIVE_FAILURES, Trainer
 from dask_rl.staleness.asynchronous import AsyncConfig
 
@@ -36,11 +45,20 @@ class ESDriver(Trainer):
     """OpenAI-ES on a Dask cluster; :meth:`run` returns an
     :class:`~dask_rl.data.summary.ESSummary`."""
 
+    evaluation_task = staticmethod(es_noiseless_task)   # the mean parameters, no noise
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.generation = 0
         self.failures = 0  # failed generations in a row
         self.rng = np.random.default_rng(self.cfg.seed)
+        self.evaluations = EvaluationTasks(self)
+
+    def timers(self) -> Timers:
+        """The periodic duties, after each generation (period 0: each keeps its own cadence)."""
+        return Timers([(0.0, self.check_heartbeat),
+                       (0.0, self.checkpoints.maybe),     # on checkpoint.every_s
+                       (0.0, self.housekeeper.maybe_tidy)])
 
     # ---- hooks ---------------------------------------------------------------------------------
     def initial_params(self) -> tuple[np.ndarray, dict | None]:
@@ -76,18 +94,17 @@ class ESDriver(Trainer):
                 self.open()
                 self.metrics.write("run", {"event": "start", "config": public_dict(self.cfg),
                                            "num_params": self.num_params})
+                timers = self.timers()
                 while self.stop_reason is None:
                     reason = self.budget_reason()
                     if reason is not None:
                         self.stop_reason = reason
                         break
                     self._generation()
-                    self.check_heartbeat()
-                    self.checkpoints.maybe()
-                    self.housekeeper.maybe_tidy()
+                    timers.run()
                 if not self.interrupted:
                     self.checkpoints.write()  # the final policy is safe before the last calls
-                    final = self.gate.final(self._noiseless_now)
+                    final = self.gate.final(self.evaluations.now)
                     return self.end(self._summary(final, self.trainer_summary(final)))
             except Abandoned as e:  # interrupted while waiting on something that did not end
                 logger.info("interrupted: %s", e)
@@ -109,7 +126,7 @@ class ESDriver(Trainer):
         """An interrupted run's end (see the driver's): a final checkpoint only if the actor
         answers in time, no new evaluation, the driver's counters where the actor is silent."""
         written = self.checkpoints.final()
-        final = self.gate.final(self._noiseless_now)  # the last one; none is started
+        final = self.gate.final(self.evaluations.now)  # the last one; none is started
         return self.end(self._summary(final, self.trainer_summary(
             final, self.final_actor_metrics())), extra=self.interrupted_extra(written))
 
@@ -117,23 +134,6 @@ class ESDriver(Trainer):
         cfg = self.cfg.algo
         return ESSummary(**fields, generations=self.generation, population=2 * cfg.pairs,
                          pairs_per_task=cfg.pairs_per_task)
-
-    def _noiseless_now(self, episodes: int, seed: int) -> Evaluation:
-        """A noiseless evaluation of the current mean parameters, waited for (retried across
-        a recovery)."""
-        while True:
-            got = self._gather([self._noiseless(episodes, seed)])
-            if got is not None:
-                return got[0]
-
-    def _noiseless(self, episodes: int | None = None, seed: int | None = None):
-        gate = self.gate
-        gate.evals += 1
-        return self.client.submit(
-            es_noiseless_task, self.run_name, self.actor,
-            self.cfg.stop.eval_episodes if episodes is None else episodes,
-            gate.screen_seed() if seed is None else seed, pure=False,
-            key=f"es-noiseless-{gate.evals}-{self.run_name}")
 
     def _gather(self, futures: list, also: list = (), timeout: float | None = None
                 ) -> list | None:
@@ -184,7 +184,8 @@ class ESDriver(Trainer):
             tasks.append(self.client.submit(
                 es_evaluate_task, self.run_name, self.actor, version, idx[sl], seeds[sl],
                 pure=False, key=f"es-eval-{self.generation}-{start}-{self.run_name}"))
-        evaluation = self._noiseless() if self.generation % cfg.eval_every == 0 else None
+        evaluation = (self.evaluations.submit("eval", held=False)
+                      if self.generation % cfg.eval_every == 0 else None)
         results: list[PerturbationResult] | None = self._gather(
             tasks, also=[evaluation] if evaluation else [])
         if results is None:
@@ -218,8 +219,8 @@ class ESDriver(Trainer):
             if evaluated is not None:
                 self.gate.screened(evaluated[0])
         if self.gate.target_hit:  # generations are synchronous: theta is still, confirm it now
-            self.gate.confirmed(self._noiseless_now(self.gate.confirm_episodes,
-                                                    self.gate.confirm_seed()))
+            self.gate.confirmed(self.evaluations.now(self.gate.confirm_episodes,
+                                                     self.gate.confirm_seed(), kind="confirm"))
         seconds = time.perf_counter() - t0
         record = {"generation": self.generation, "env_steps": self.env_steps,
                   "updates": self.updates, "wall_s": self.elapsed(),

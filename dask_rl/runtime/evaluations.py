@@ -1,10 +1,14 @@
-"""The asynchronous driver's evaluation tasks: screenings on a schedule, the confirmation that
-holds the policy still, and the evaluations the run's end waits for.
+"""A trainer's evaluation tasks: screenings on a schedule, the confirmation that holds the
+policy still, and the evaluations the run's end waits for.
 
 Their results go to the run's :class:`~dask_rl.runtime.gate.EvaluationGate`. A screening runs
 beside training; on reaching the target the launch policy pauses (nothing new starts, learners
 in flight finish), the still policy is confirmed, and the run stops solved with exactly that
 policy or trains on (the recent return alone then triggers no screening for a while).
+
+The ES driver submits its evaluations through this part too (the task is the trainer's
+``evaluation_task``: ES plays its mean parameters without noise); its generations are
+synchronous, so it gathers its screenings itself and confirms between generations.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from distributed import Future
 from dask_rl.control.schedule import EvalSchedule
 from dask_rl.data import Evaluation
 from dask_rl.runtime.run import Abandoned
-from dask_rl.runtime.tasks import evaluate_task
 
 
 class EvaluationTasks:
@@ -57,18 +60,20 @@ class EvaluationTasks:
             d.policy.resume()   # not confirmed: train on
             self.schedule.hold_target(d.updates)
 
-    def submit(self, kind: str, episodes: int | None = None, seed: int | None = None) -> Future:
-        """An evaluation task: a screening (``eval``) or a confirmation (``confirm``), both held
-        in flight by the driver, or with ``kind="final"`` one the caller waits for."""
+    def submit(self, kind: str, episodes: int | None = None, seed: int | None = None, *,
+               held: bool | None = None) -> Future:
+        """An evaluation task of the trainer's ``evaluation_task``: a screening (``eval``) or a
+        confirmation (``confirm``), both held in flight by the driver unless ``held`` is
+        False (the caller gathers it), or with ``kind="final"`` one the caller waits for."""
         d, gate = self.driver, self.gate
         gate.evals += 1
         if seed is None:
             seed = gate.confirm_seed() if kind == "confirm" else gate.screen_seed()
         fut = d.client.submit(
-            evaluate_task, d.run_name, d.actor,
+            d.evaluation_task, d.run_name, d.actor,
             d.cfg.stop.eval_episodes if episodes is None else episodes, seed, pure=False,
             key=f"{'confirm' if kind == 'confirm' else 'evaluate'}-{gate.evals}-{d.run_name}")
-        if kind != "final":
+        if held if held is not None else kind != "final":
             d.inflight.hold(fut, kind, self.confirmed if kind == "confirm" else self.screened,
                             at_end="keep")
         d.hooks.evaluation_submitted(d, fut)
@@ -76,12 +81,12 @@ class EvaluationTasks:
                                   "env_steps": d.env_steps, "updates": d.updates})
         return fut
 
-    def now(self, episodes: int, seed: int) -> Evaluation:
-        """An evaluation the caller waits for (the run's end); a lost actor is re-created and
-        the evaluation asked again."""
+    def now(self, episodes: int, seed: int, kind: str = "final") -> Evaluation:
+        """An evaluation the caller waits for (the run's end; ES's confirmations, between its
+        generations); a lost actor is re-created and the evaluation asked again."""
         d = self.driver
         while True:
-            fut = self.submit("final", episodes, seed)
+            fut = self.submit(kind, episodes, seed, held=False)
             try:
                 return d.wait_for(fut)
             except Abandoned:
