@@ -11,15 +11,17 @@ commit's own code runs, its cluster's workers included). Four workloads, as ship
 * ``es``: ``es_cartpole.yaml``, 300k env steps;
 * ``pbt``: ``pbt_cartpole.yaml``, 60k env steps per member (``stop.env_steps`` is per member).
 
-Per run: the training's wall seconds, its ``summary.json``, its effective config (the ``run``
-start record of ``metrics.jsonl``; for PBT the members' and the population checkpoint's), the
-AUC (the mean of the screening evaluations' ``mean_return`` over the run; for PBT over all
-members' ``members/m*/metrics.jsonl``) and the final policy's greedy return on 100 fresh
-episodes (``dask-rl evaluate RUN --episodes 100 --seed 900000``; for PBT the best member's run;
-for ES the same noiseless evaluation ES trains with, ``ESEvaluator.noiseless``, since
-``dask-rl evaluate`` cannot play an ES checkpoint at either commit), played by that side's
-own code. The sides alternate within each seed (old first on the first seed, new first on the
-second, ...) so that machine noise falls on both.
+Per run: the training process's wall seconds (``wall_s``) and its seconds to its last training
+record (``train_s``: the end's final evaluation and confirmation left out, since the
+confirmation rule made a confirmation 3x longer between the commits), its ``summary.json``, its
+effective config (the ``run`` start record of ``metrics.jsonl``; for PBT the members' and the
+population checkpoint's), the AUC (the mean of the screening evaluations' ``mean_return`` over
+the run; for PBT over all members' ``members/m*/metrics.jsonl``) and the final policy's greedy
+return on 100 fresh episodes (``dask-rl evaluate RUN --episodes 100 --seed 900000``; for PBT
+the best member's run; for ES the same noiseless evaluation ES trains with,
+``ESEvaluator.noiseless``, since ``dask-rl evaluate`` cannot play an ES checkpoint at either
+commit), played by that side's own code. The sides alternate within each seed (old first on the
+first seed, new first on the second, ...) so that machine noise falls on both.
 
 ``stop.solve_on_target=false`` on every run: the two commits differ in the confirmation rule
 (what "solved" means), which would change when a run stops and so its budget; a fixed budget
@@ -31,8 +33,9 @@ of env steps isolates the runtime, which is what is compared.
 
 Writes ``benchmarks/results/runtime_parity.json`` (rewritten after every run, so a long run
 that dies keeps its rows): both commits, the budgets and overrides, every run, and per workload
-and metric (``final_eval_100``, ``auc``, ``wall_s``) each side's mean with its t 95% CI, whether
-the new mean lies inside the old CI, and Welch's test of old - new; then prints the table.
+and metric (``final_eval_100``, ``auc``, ``train_s``, ``wall_s``) each side's mean with its t
+95% CI, whether the new mean lies inside the old CI, and Welch's test of old - new; then
+prints the table.
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ BUDGETS = {"main": 100_000, "dqn": 60_000, "es": 300_000, "pbt": 60_000}  # pbt:
 # every run, besides its seed and budget: no early stop, no dashboard port to fight over
 OVERRIDES = ["stop.solve_on_target=false", "cluster.dashboard=false"]
 EVAL_EPISODES, EVAL_SEED = 100, 900_000
-METRICS = ("final_eval_100", "auc", "wall_s")
+METRICS = ("final_eval_100", "auc", "train_s", "wall_s")
+# the records whose wall_s marks training (not the end's evaluations): a learner's result, an
+# ES generation
+TRAINING_KINDS = ("learner", "generation")
 
 # run inside one worktree's checkout: ES's own greedy evaluation (the mean parameters, no
 # noise) of a run's newest good checkpoint, printed as `dask-rl evaluate` prints its result
@@ -151,13 +157,22 @@ def _population_config(run_dir: Path) -> dict | None:
         return None
 
 
+def _train_s(records: list[dict]) -> float | None:
+    """The run's seconds to its last training record: its training without the end's final
+    evaluation and confirmation (whose length is the confirmation rule's, not the runtime's)."""
+    times = [float(r["wall_s"]) for r in records
+             if r.get("kind") in TRAINING_KINDS and r.get("wall_s") is not None]
+    return max(times) if times else None
+
+
 def _read_run(workload: str, run_dir: Path, summary: dict) -> dict[str, Any]:
-    """Effective config, screening evaluations and the directory whose policy is evaluated."""
+    """Effective config, screening evaluations, training seconds and the directory whose policy
+    is evaluated."""
     if workload != "pbt":
         records = _records(run_dir / "metrics.jsonl")
         evals = _screening(records)
         return {"config": _start_config(records), "screening_returns": evals,
-                "eval_dir": run_dir}
+                "train_s": _train_s(records), "eval_dir": run_dir}
     members = sorted((run_dir / "members").glob("m*"), key=lambda p: int(p.name[1:]))
     member_records = {m.name: _records(m / "metrics.jsonl") for m in members}
     evals = {name: _screening(recs) for name, recs in member_records.items()}
@@ -172,6 +187,8 @@ def _read_run(workload: str, run_dir: Path, summary: dict) -> dict[str, Any]:
                        "members": {n: _start_config(r) for n, r in member_records.items()}},
             "screening_returns": [x for name in evals for x in evals[name]],
             "screening_returns_by_member": evals, "ready_scores": ready,
+            "train_s": max((t for t in map(_train_s, member_records.values()) if t is not None),
+                           default=None),
             "best_member": best, "eval_dir": best_dir}
 
 
@@ -341,7 +358,9 @@ def main() -> int:
         "what": "learning figures of two commits, fresh CLI processes per run, fixed env-step "
                 "budgets, no early stop; final_eval_100: greedy mean return on 100 fresh "
                 f"episodes (seed {EVAL_SEED}); auc: mean screening-evaluation return over "
-                "the run; wall_s: the training process's seconds",
+                "the run; train_s: seconds to the last training record (a learner's result, "
+                "an ES generation), i.e. without the end's evaluations; wall_s: the training "
+                "process's seconds",
         "commit": _git("rev-parse", "HEAD"), "commits": commits, "smoke": args.smoke,
         "config": {"seeds": seeds, "budgets": budgets, "budget_unit": {
                        w: "env steps per member" if w == "pbt" else "env steps"
@@ -383,7 +402,8 @@ def main() -> int:
                         "ERROR " + row["error"].strip().splitlines()[-1] if "error" in row else
                         f"final_eval_100 {row['final_eval_100']:.1f}, auc "
                         f"{row['auc'] if row['auc'] is None else round(row['auc'], 1)} "
-                        f"({row['n_screening']} evals), train {row['wall_s']:.0f} s, "
+                        f"({row['n_screening']} evals), train {row['train_s']:.1f} s of "
+                        f"{row['wall_s']:.0f} s, "
                         f"eval {row['eval_wall_s']:.0f} s"), flush=True)
     finally:
         for tree in trees.values():
