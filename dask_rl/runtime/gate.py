@@ -100,9 +100,10 @@ class EvaluationGate:
         """The evaluation the summary reports, of the final policy: the confirmation that
         solved the run (or, for an interrupted run, the last evaluation), or a new screening —
         followed by a confirmation when it reaches the target, so that ``solved`` is always
-        judged on ``confirm_episodes`` fresh episodes. ``evaluate(episodes, seed)``. None for
-        an interrupted run that has no evaluation: none is started on a cluster that may be
-        going."""
+        judged on ``confirm_episodes`` fresh episodes, and then that confirmation (its
+        ``confirm_episodes`` say more of the policy than the screening's few: PBT picks its
+        best member by it). ``evaluate(episodes, seed)``. None for an interrupted run that has
+        no evaluation: none is started on a cluster that may be going."""
         run = self.run
         if run.stop_reason == "solved" and self.confirmation is not None:
             return self.confirmation
@@ -113,7 +114,8 @@ class EvaluationGate:
         result = evaluate(run.cfg.stop.eval_episodes, self.screen_seed() + 1)
         self._log(result, "screening")
         if self.target is not None and result.mean_return >= self.target:
-            self.confirmed(evaluate(self.confirm_episodes, self.confirm_seed()))
+            result = evaluate(self.confirm_episodes, self.confirm_seed())
+            self.confirmed(result)
         return result
 
     def state(self) -> dict[str, Any]:
