@@ -132,7 +132,7 @@ def test_a_wall_clock_step_changes_nothing(tmp_path, local_client, monkeypatch, 
         deadline = time.monotonic() + 200
         while time.monotonic() < deadline:
             path = run_dir / "metrics.jsonl"
-            if path.exists() and sum(r["kind"] == "learner" for r in read_metrics(path)) >= 3:
+            if path.exists() and sum(r["kind"] == "learner" for r in read_metrics(path)) >= 2:
                 clock.offset = step_s
                 return
             time.sleep(0.05)
@@ -142,7 +142,9 @@ def test_a_wall_clock_step_changes_nothing(tmp_path, local_client, monkeypatch, 
     t0 = time.monotonic()
     result = dask_rl.train(PIPELINES / "ppo_cartpole.yaml", client=local_client,
                            run_dir=run_dir,
-                           overrides=["checkpoint.every_s=1", "stop.env_steps=80000",
+                           # long enough to go on >= 6 s after the step on an idle machine
+                           # (80k steps left 5.6 s there)
+                           overrides=["checkpoint.every_s=1", "stop.env_steps=150000",
                                       "stop.wall_s=3600", "stop.solve_on_target=false",
                                       "stop.eval_every_updates=0"])
     took = time.monotonic() - t0
