@@ -212,9 +212,9 @@ def _evaluate(workload: str, tree: Path, run_dir: Path) -> tuple[dict, str, floa
 
 
 def run_one(side: str, sha: str, tree: Path, workload: str, seed: int, budget: int,
-            runs_root: Path) -> dict[str, Any]:
+            runs_root: Path, extra: list[str]) -> dict[str, Any]:
     run_dir = runs_root / f"{workload}-s{seed}-{side}"
-    settings = [*OVERRIDES, f"stop.env_steps={budget}", f"seed={seed}"]
+    settings = [*OVERRIDES, *extra, f"stop.env_steps={budget}", f"seed={seed}"]
     cmd = train_command(Path(PIPELINES[workload]), run_dir, settings)
     row: dict[str, Any] = {"side": side, "commit": sha, "workload": workload, "seed": seed,
                            "settings": settings, "run_dir": str(run_dir)}
@@ -343,6 +343,9 @@ def main() -> int:
                     help="e.g. 301-305, 301,303 or 301 302")
     ap.add_argument("--workloads", nargs="+", choices=list(PIPELINES), default=list(PIPELINES))
     ap.add_argument("--out", type=Path, default=HERE / "results" / "runtime_parity.json")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more overrides for every run of both sides, e.g. "
+                         "stop.confirm_episodes=100: where the commits' defaults differ")
     ap.add_argument("--smoke", action="store_true",
                     help="check the script: the first seed only, budgets / 10")
     ap.add_argument("--keep-runs", type=Path, default=None,
@@ -365,7 +368,8 @@ def main() -> int:
         "config": {"seeds": seeds, "budgets": budgets, "budget_unit": {
                        w: "env steps per member" if w == "pbt" else "env steps"
                        for w in args.workloads},
-                   "overrides": OVERRIDES, "pipelines": {w: PIPELINES[w] for w in args.workloads},
+                   "overrides": [*OVERRIDES, *args.set],
+                   "pipelines": {w: PIPELINES[w] for w in args.workloads},
                    "pipeline_blobs": {w: {side: _git("rev-parse", f"{sha}:{PIPELINES[w]}")
                                           for side, sha in commits.items()}
                                       for w in args.workloads},
@@ -394,7 +398,7 @@ def main() -> int:
             for w in args.workloads:
                 for side in order:
                     row = run_one(side, commits[side], trees[side], w, seed, budgets[w],
-                                  runs_root)
+                                  runs_root, args.set)
                     row["order"] = len(result["runs"])
                     result["runs"].append(row)
                     save()
