@@ -299,6 +299,10 @@ def train(pipeline: str | os.PathLike | PipelineConfig | dict, client: Any = Non
     >>> result.summary["solved"]
     True
     """
+    if client is None and address is None:   # an embedded cluster's workers, warming up
+        from dask_rl.runtime.worker_start import warm_start
+
+        warm_start()
     overrides = list(overrides or [])
     overrides += [f"{k.replace('__', '.')}={json.dumps(v)}" for k, v in fields.items()]
     cfg = resolve(pipeline, overrides)

@@ -134,6 +134,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.address is None:   # an embedded cluster's workers: imported while we read
+        from dask_rl.runtime.worker_start import warm_start
+
+        warm_start()
     from dask_rl.api import default_run_dir, preflight, resolve, train
 
     if args.workers is not None and args.workers < 1:

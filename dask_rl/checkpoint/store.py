@@ -335,7 +335,8 @@ def write_trajectory(url: str, index: int, traj: Trajectory) -> dict[str, int]:
 
 # what a trajectory's attributes may hold, field by field (anything else is refused)
 _SCALAR_TYPES: dict[str, tuple[type, ...]] = {"policy_version": (int,), "slot": (int,),
-                                              "collect_s": (int, float)}
+                                              "collect_s": (int, float),
+                                              "pull_s": (int, float)}
 
 
 def read_trajectory(url: str, index: int, checksums: dict[str, int] | None = None
@@ -372,6 +373,8 @@ def read_trajectory(url: str, index: int, checksums: dict[str, int] | None = Non
                 if isinstance(value, bool) or not isinstance(value, allowed):
                     raise CheckpointError(f"{where}/{f.name}: unexpected value {value!r}")
                 kwargs[f.name] = value
+            elif f.name in _SCALAR_TYPES:   # a scalar newer than the checkpoint: its default
+                kwargs[f.name] = f.default
             else:
                 kwargs[f.name] = array(f.name)
     except CheckpointError:

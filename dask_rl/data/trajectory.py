@@ -35,6 +35,7 @@ class Trajectory:
     slot: int = 0                          # the rollout slot that collected it
     moments: dict | None = None            # running statistics seen: {"obs": ..., "return": ...}
     collect_s: float = 0.0                 # seconds the rollout took
+    pull_s: float = 0.0                    # seconds its task spent before: state, policy pull
 
     @property
     def num_steps(self) -> int:

@@ -76,7 +76,12 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
     crowded = oversubscription(workers, cfg.threads_per_worker, machine_cores())
     if crowded:
         logger.warning(crowded)
-    with dask.config.set({"distributed.worker.profile.enabled": cfg.profile}):
+    settings = {"distributed.worker.profile.enabled": cfg.profile}
+    if cfg.processes:   # workers forked from a warm process with everything imported
+        from dask_rl.runtime.worker_start import dask_settings
+
+        settings.update(dask_settings())
+    with dask.config.set(settings):
         cluster = LocalCluster(
             n_workers=workers,
             threads_per_worker=cfg.threads_per_worker,

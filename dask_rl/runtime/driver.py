@@ -63,7 +63,7 @@ class Driver(Trainer):
         super().__init__(*args, **kwargs)
         self.algorithm = registry.build(self.cfg.algo)
         self.needs = self.algorithm.needs
-        self.inflight = InFlight()   # every task held, with the part that handles it
+        self.inflight = InFlight(self.client)   # every task held, with the part that handles it
         self.failures: collections.Counter[str] = collections.Counter()
         # per-trainer hyperparameters (population-based training): learner.lr and algo.*
         self.hparams: dict[str, float] = {}
@@ -234,6 +234,14 @@ class Driver(Trainer):
         self.accounting.cycle(task.kind, time.monotonic() - task.submitted)
         if not task.fetch:
             task.done(fut, task)
+            return
+        fetched = self.inflight.fetched(fut)
+        if fetched is not None:   # on the event loop, as it ended
+            ok, result = fetched
+            if ok:
+                task.done(result, task)
+            else:
+                self._failed(fut, task, result)
             return
         try:
             # finished, but its result may be gone with a worker since: Dask recomputes it,

@@ -108,7 +108,7 @@ class ClusterFollower:
     def report(self) -> None:
         """Tell the scheduler's adaptive policy what this run wants."""
         load = self.load()
-        self.run.client.log_event(LOAD_TOPIC, {
+        self.run.events.send(LOAD_TOPIC, {
             "run": self.run.run_name, "rollouts": load.rollout_running, "ready": load.ready,
             "learners": load.learner_running, "max_learners": load.max_learners,
             "rollout_s": load.rollout_s, "learner_s": load.learner_s,

@@ -35,6 +35,7 @@ from dask_rl.control.schedule import RECENT_EPISODES
 from dask_rl.data import Progress
 from dask_rl.data.metrics import TOPIC, MetricsLog
 from dask_rl.data.summary import RunSummary
+from dask_rl.runtime.events import EventSender
 from dask_rl.runtime.gate import EvaluationGate
 from dask_rl.runtime.hooks import RunHooks
 from dask_rl.runtime.plugins import register_torch_sizeof
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 INTERRUPT_GRACE_S = 5.0
 INTERRUPT_DEADLINE_S = 15.0
 POLL_S = 0.25   # waits poll this often, so that an interrupt is seen within it
+EVENTS_FLUSH_S = 5.0   # how long the end waits for the last records to reach the scheduler
 
 
 class Abandoned(Exception):
@@ -99,6 +101,7 @@ class Run(abc.ABC):
                  progress: Callable[[Progress], None] | None = None, resume: bool = False,
                  name: str | None = None, hooks: RunHooks | None = None):
         self.client = client
+        self.events = EventSender(client)   # records to the scheduler, never waited for
         self.cfg = cfg
         self.hooks = hooks or RunHooks()
         self.run_dir = Path(run_dir)
@@ -159,7 +162,7 @@ class Run(abc.ABC):
     def _publish(self, record: dict) -> None:
         if self.trackers is not None:
             self.trackers.write(record)
-        self.client.log_event(TOPIC, record)
+        self.events.send(TOPIC, record)
 
     def fail(self, reason: str, stop_reason: str) -> RunFailed:
         """A :class:`RunFailed` carrying this run's counters and its latest checkpoint."""
@@ -320,6 +323,9 @@ class Run(abc.ABC):
         return summary
 
     def close(self) -> None:
+        # the last records (the end's) reach the dashboard before the client may close
+        if not self.events.flush(EVENTS_FLUSH_S if self.interrupted_at is None else 0.5):
+            logger.debug("closing with records for the scheduler still queued")
         if self.trackers is not None:
             self._finish_tracking()
         if hasattr(self, "metrics"):

@@ -39,6 +39,7 @@ def rollout_task(run: str, slot: int, actor: Any, exploration: float | None = No
     ``rollout.pull_every`` rollouts, and the parameters move only when the actor's version
     moved by ``rollout.pull_min_versions`` or more (a slot without a policy from this very
     actor always pulls)."""
+    t0 = time.perf_counter()
     state = run_state(run)
     rollout = state.cfg.rollout
     collector = state.collector(slot)
@@ -53,7 +54,10 @@ def rollout_task(run: str, slot: int, actor: Any, exploration: float | None = No
             collector.load(snapshot, source=actor.key)
     else:
         collector.rollouts_since_pull += 1
-    return collector.collect(rollout.steps, exploration=exploration)
+    pull_s = time.perf_counter() - t0
+    traj = collector.collect(rollout.steps, exploration=exploration)
+    traj.pull_s = pull_s
+    return traj
 
 
 def trajectory_stats_task(traj: Trajectory) -> TrajectoryStats:
@@ -146,7 +150,7 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
         trajectory_steps=traj.env_steps, trajectory_bytes=traj.nbytes,
         collect_s=traj.collect_s, pull_s=t_pulled - t0, push_s=t_pushed - t_learned,
         task_s=t_pushed - t0, cross_policies=int(update.stats.get("learner/cross_policies", 0)),
-        worker=state.worker.address, stats=update.stats)
+        worker=state.worker.address, stats=update.stats, rollout_pull_s=traj.pull_s)
 
 
 def _admitted_pull(actor: Any, learner_id: str, cfg: Any):
