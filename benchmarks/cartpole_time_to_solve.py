@@ -76,6 +76,7 @@ def single_side(seed: int, budget: int, grid: int, overrides: list[str], t_spawn
     rollout = Collector(cfg, seed=seed)
     learner = Learner(cfg, *spaces)
     snaps, steps = [], 0
+    first_rollout_s = time.time() - t_spawn
     while steps < budget:
         snap = actor.pull()
         rollout.load(snap)
@@ -88,33 +89,50 @@ def single_side(seed: int, budget: int, grid: int, overrides: list[str], t_spawn
         actor.push(res.delta, res.version, "L", opt_state=res.opt_state)
         if steps % grid == 0:
             snaps.append((steps, time.time() - t_spawn, actor.pull()))
-    _save(out, cfg, snaps)
+    _save(out, cfg, snaps, first_rollout_s=first_rollout_s)
 
 
 def dask_side(seed: int, budget: int, grid: int, overrides: list[str], t_spawn: float,
               out: Path, workers: int) -> None:
-    """``pipelines/ppo_cartpole.yaml`` on an embedded LocalCluster; the driver pulls a
-    snapshot from the parameter actor each time the learned env steps cross the grid."""
-    from distributed import Client, LocalCluster
+    """``pipelines/ppo_cartpole.yaml`` on its embedded LocalCluster, started as ``dask-rl
+    train`` starts it (the warm worker process first, then the pipeline's ``cluster:``
+    section); the driver pulls a snapshot from the parameter actor each time the learned
+    env steps cross the grid."""
+    from dask_rl.runtime.worker_start import warm_start
 
+    warm_start()
+    from dask_rl.runtime.cluster import connect
     from dask_rl.runtime.driver import Driver
 
     snaps: list = []
+    marks: dict = {}
 
     class GridDriver(Driver):
-        def _on_learner(self, report, task):
-            before = self.env_steps
-            super()._on_learner(report, task)
-            if self.env_steps // grid > before // grid:
-                snaps.append((self.env_steps // grid * grid, time.time() - t_spawn,
-                              self.actor_call("pull")))
+        def connect(self):
+            super().connect()
+            submit = self.rollouts.submit
+
+            def first_submit(slot):
+                marks.setdefault("first_rollout_s", time.time() - t_spawn)
+                submit(slot)
+            self.rollouts.submit = first_submit
+
+    def progress(p):
+        before = marks.get("learned", 0)
+        marks["learned"] = p.env_steps
+        if p.env_steps // grid > before // grid:
+            snaps.append((p.env_steps // grid * grid, time.time() - t_spawn,
+                          driver[0].actor_call("pull")))
 
     cfg = _config(seed, budget, "dask", overrides)
-    with LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None,
-                      silence_logs=50) as cluster, Client(cluster) as client, \
+    driver: list = []
+    with connect(cfg.cluster, n_workers=workers) as client, \
             tempfile.TemporaryDirectory() as run_dir:
-        summary = GridDriver(client, cfg, run_dir).run()
-    _save(out, cfg, snaps, staleness_mean=summary.staleness_mean)
+        marks["cluster_up_s"] = time.time() - t_spawn
+        driver.append(GridDriver(client, cfg, run_dir, progress=progress))
+        summary = driver[0].run()
+    _save(out, cfg, snaps, staleness_mean=summary.staleness_mean,
+          cluster_up_s=marks["cluster_up_s"], first_rollout_s=marks["first_rollout_s"])
 
 
 def _save(out: Path, cfg, snaps: list, **extra) -> None:
