@@ -214,6 +214,14 @@ def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
                             ("steps_to_solve_median", "env_steps", np.median)):
         ratio, lo, hi = bootstrap_ratio_ci([r[key] for r in d], [r[key] for r in s1], stat)
         out[f"ratio_{name}"] = {"ratio": ratio, "ci95": [lo, hi]}
+    # start-up excluded: wall from each run's first rollout (its imports, cluster, set-up out)
+    after = {side: [r["wall_s"] - r["first_rollout_s"] for r in mine]
+             for side, mine in sides.items()}
+    ratio, lo, hi = bootstrap_ratio_ci(after["dask"], after["single"], np.median)
+    out["ratio_time_to_solve_after_first_rollout_median"] = {"ratio": ratio, "ci95": [lo, hi]}
+    for side, mine in sides.items():
+        out[side]["median_first_rollout_s"] = float(np.median([r["first_rollout_s"]
+                                                               for r in mine]))
     both_solved = all(math.isfinite(r["wall_s"]) for r in d + s1)
     if both_solved:
         ratio, lo, hi = bootstrap_ratio_ci([r["wall_s"] for r in d], [r["wall_s"] for r in s1],
@@ -277,6 +285,8 @@ def main() -> int:
                       f"{r['wall_s']:.1f} s (grid ends {r['grid_steps'][-1]} steps at "
                       f"{r['grid_wall_s'][-1]:.1f} s)", flush=True)
     out = summarise(rows, args)
+    out["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                                   text=True).stdout.strip()
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(_json_safe(out), indent=2))
