@@ -108,14 +108,10 @@ def dask_side(seed: int, budget: int, grid: int, overrides: list[str], t_spawn: 
     marks: dict = {}
 
     class GridDriver(Driver):
-        def connect(self):
-            super().connect()
-            submit = self.rollouts.submit
-
-            def first_submit(slot):
+        def _launch(self):   # the first rollout: the first task that collects
+            super()._launch()
+            if len(self.inflight):
                 marks.setdefault("first_rollout_s", time.time() - t_spawn)
-                submit(slot)
-            self.rollouts.submit = first_submit
 
     def progress(p):
         before = marks.get("learned", 0)
@@ -237,16 +233,6 @@ def summarise(rows: list[dict], args: argparse.Namespace) -> dict:
     return out
 
 
-def _json_safe(x):
-    """Infinite times (unsolved runs) as null: strict JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_json_safe(v) for v in x]
-    return x
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -289,7 +275,9 @@ def main() -> int:
                                    text=True).stdout.strip()
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(_json_safe(out), indent=2))
+    from stats import json_safe
+
+    Path(args.out).write_text(json.dumps(json_safe(out), indent=2))
     return 0
 
 

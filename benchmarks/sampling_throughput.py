@@ -11,15 +11,21 @@ Learner compute itself is left out on every side: the question is the cost of th
 path, and a learner on the same cores would only take CPU from it. The plain sides run
 ``collect`` in a loop and load the new weights in place.
 
+The Dask side's cluster is the product's: ``dask_rl.runtime.cluster.connect`` on the
+pipeline's ``cluster:`` section (its settings, its workers forked from the warm process),
+``cluster.n_workers`` N, the dashboard off.
+
 Two baselines: N x the rate of one plain process (the ideal, if N processes did not share
 anything), and N plain processes run at once (what this machine gives N independent samplers:
 shared caches, memory bandwidth; and on 2 cores nothing left for a scheduler). The target is
-``dask / concurrent >= 0.9`` at N = 2. Rounds alternate between the sides; medians are
-reported with every round's figure.
+``dask / concurrent >= 0.9`` at N = 2. Each repeat measures the three sides back to back, in
+an order that rotates from repeat to repeat, and gives one ratio per baseline; the ratios'
+means are reported with Student-t 95% intervals over the repeats (the machine's speed drifts
+between repeats, much less within one).
 
-    python benchmarks/sampling_throughput.py --seconds 10 --rounds 3
+    python benchmarks/sampling_throughput.py --seconds 8 --repeats 5
 
-Writes ``benchmarks/results/sampling_throughput.json``.
+Writes ``benchmarks/results/sampling_throughput.json`` (with the commit it ran on).
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
 # CartPole steps cost ~20 us, so a task's fixed cost (policy pull, scheduling, trajectory
 # bookkeeping: ~10 ms) is visible at 4k samples per task; the x32 row halves its share.
@@ -86,22 +94,22 @@ def concurrent_plain_rate(cfg, processes: int, seconds: float, push_every: int =
 def dask_rate(cfg, workers: int, seconds: float, push_every: int = 2) -> tuple[float, int]:
     """Steps/s of rollout tasks while the driver moves the policy; and how many versions the
     actor went through."""
-    import dask
+    import dataclasses
+
     import numpy as np
-    from distributed import Client, LocalCluster, wait
+    from distributed import wait
 
     from dask_rl.envs import env_spaces
     from dask_rl.models import get_flat, make_model
-    from dask_rl.runtime.cluster import place_slots
+    from dask_rl.runtime.cluster import connect, place_slots
     from dask_rl.runtime.handle import ActorHandle
     from dask_rl.runtime.parameter_actor import ParameterActor
     from dask_rl.runtime.plugins import RunState
     from dask_rl.runtime.tasks import rollout_task
 
-    with dask.config.set({"distributed.worker.profile.enabled": False}), \
-            LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None,
-                         silence_logs=50) as cluster, \
-            Client(cluster, direct_to_workers=True) as c:
+    cluster = dataclasses.replace(cfg.cluster, n_workers=workers, threads_per_worker=1,
+                                  dashboard=False)
+    with connect(cluster) as c:
         run = f"bench-{uuid.uuid4().hex[:6]}"
         c.register_plugin(RunState(run, cfg), name=run)
         params = get_flat(make_model(*env_spaces(cfg.env), cfg.model, seed=0))
@@ -133,54 +141,75 @@ def dask_rate(cfg, workers: int, seconds: float, push_every: int = 2) -> tuple[f
 
 
 def main() -> int:
-    from dask_rl.config import from_dict
+    from stats import mean_ci
 
+    from dask_rl.config import from_dict, public_dict
+    from dask_rl.runtime.worker_start import warm_start
+
+    warm_start()   # as dask-rl train does, first thing
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=10.0, help="per measurement")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="alternating plain/dask measurements; medians are reported")
+    ap.add_argument("--seconds", type=float, default=8.0, help="per measurement")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="repeats of the three sides, back to back in rotating order")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--envs", nargs="+", default=list(ENVS))
     ap.add_argument("--push-every", type=int, default=2,
                     help="finished rollouts between policy changes")
     ap.add_argument("--out", default=str(HERE / "results" / "sampling_throughput.json"))
     args = ap.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                            text=True).stdout.strip()
     rows = []
     for env_id in args.envs:
         cfg = from_dict(ENVS[env_id])
         for n in args.workers:
-            # the sides measured back to back, alternating, so noise hits them alike
-            plains, concurrents, dasks, versions = [], [], [], []
-            for _ in range(args.rounds):
-                plains.append(plain_rate(cfg, args.seconds, args.push_every))
-                concurrents.append(concurrent_plain_rate(cfg, n, args.seconds, args.push_every))
-                rate, moved = dask_rate(cfg, n, args.seconds, args.push_every)
-                dasks.append(rate)
-                versions.append(moved)
-            plain, conc = statistics.median(plains), statistics.median(concurrents)
-            distributed = statistics.median(dasks)
-            row = {"env_id": env_id, "workers": n, "config": ENVS[env_id],
+            sides = {
+                "plain": lambda: plain_rate(cfg, args.seconds, args.push_every),
+                "concurrent": lambda: concurrent_plain_rate(cfg, n, args.seconds,
+                                                            args.push_every),
+                "dask": lambda: dask_rate(cfg, n, args.seconds, args.push_every)}
+            runs: dict[str, list] = {k: [] for k in sides}
+            order = list(sides)
+            for rep in range(args.repeats):
+                for k in order[rep % 3:] + order[:rep % 3]:
+                    runs[k].append(sides[k]())
+            versions = [v for _, v in runs["dask"]]
+            runs["dask"] = [r for r, _ in runs["dask"]]
+            vs_conc = [d / c for d, c in zip(runs["dask"], runs["concurrent"])]
+            vs_n = [d / (n * p) for d, p in zip(runs["dask"], runs["plain"])]
+            m_c, lo_c, hi_c = mean_ci(vs_conc)
+            m_n, lo_n, hi_n = mean_ci(vs_n)
+            row = {"env_id": env_id, "workers": n, "config": public_dict(cfg),
                    "push_every": args.push_every, "seconds": args.seconds,
-                   "plain_steps_per_s": plain, "concurrent_plain_steps_per_s": conc,
-                   "dask_steps_per_s": distributed, "ratio_vs_n_plain": distributed / (n * plain),
-                   "ratio_vs_concurrent": distributed / conc,
-                   "task_samples": cfg.batch_size, "plain_runs": plains,
-                   "concurrent_runs": concurrents, "dask_runs": dasks,
+                   "plain_steps_per_s": statistics.median(runs["plain"]),
+                   "concurrent_plain_steps_per_s": statistics.median(runs["concurrent"]),
+                   "dask_steps_per_s": statistics.median(runs["dask"]),
+                   "ratio_vs_concurrent": m_c, "ratio_vs_concurrent_ci95": [lo_c, hi_c],
+                   "ratio_vs_n_plain": m_n, "ratio_vs_n_plain_ci95": [lo_n, hi_n],
+                   "ratios_vs_concurrent": vs_conc, "ratios_vs_n_plain": vs_n,
+                   "task_samples": cfg.batch_size, "plain_runs": runs["plain"],
+                   "concurrent_runs": runs["concurrent"], "dask_runs": runs["dask"],
                    "policy_versions": versions}
             rows.append(row)
-            print(f"{env_id:17s} N={n}: plain {plain:8.0f}/s, {n} at once {conc:8.0f}/s, dask "
-                  f"{distributed:8.0f}/s ({versions[-1]} versions): ratio vs concurrent "
-                  f"{row['ratio_vs_concurrent']:.2f} (target >= 0.9), vs N x plain "
-                  f"{row['ratio_vs_n_plain']:.2f}", flush=True)
+            print(f"{env_id:17s} N={n}: plain {row['plain_steps_per_s']:8.0f}/s, {n} at once "
+                  f"{row['concurrent_plain_steps_per_s']:8.0f}/s, dask "
+                  f"{row['dask_steps_per_s']:8.0f}/s: ratio vs at once {m_c:.3f} "
+                  f"[{lo_c:.3f}, {hi_c:.3f}] (target >= 0.9), vs N x plain {m_n:.3f}",
+                  flush=True)
     print("\n| env | workers | plain steps/s | N plain at once | dask-rl steps/s | "
-          "ratio vs at once | ratio vs N x plain |")
+          "dask-rl / N at once [95% CI] | dask-rl / N x plain [95% CI] |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['env_id']} | {r['workers']} | {r['plain_steps_per_s']:.0f} | "
-              f"{r['concurrent_plain_steps_per_s']:.0f} | {r['dask_steps_per_s']:.0f} | "
-              f"{r['ratio_vs_concurrent']:.2f} | {r['ratio_vs_n_plain']:.2f} |")
+        c, n_ = r["ratio_vs_concurrent_ci95"], r["ratio_vs_n_plain_ci95"]
+        print(f"| {r['env_id']} | {r['workers']} | {r['plain_steps_per_s']:,.0f} | "
+              f"{r['concurrent_plain_steps_per_s']:,.0f} | {r['dask_steps_per_s']:,.0f} | "
+              f"{r['ratio_vs_concurrent']:.2f} [{c[0]:.2f}, {c[1]:.2f}] | "
+              f"{r['ratio_vs_n_plain']:.2f} [{n_[0]:.2f}, {n_[1]:.2f}] |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rows": rows}, indent=2))
+    Path(args.out).write_text(json.dumps({
+        "benchmark": "sampling_throughput", "commit": commit,
+        "command": " ".join(["python", "benchmarks/sampling_throughput.py", *sys.argv[1:]]),
+        "repeats": args.repeats, "rows": rows}, indent=2))
     return 0
 
 

@@ -99,3 +99,14 @@ def mean_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, flo
         return m, float("nan"), float("nan")
     half = scipy_stats.t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
     return m, float(m - half), float(m + half)
+
+
+def json_safe(x):
+    """Infinite or undefined figures (an unsolved run's time) as null: strict JSON."""
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x

@@ -24,6 +24,13 @@ loop) and the driver's handling; and per env step, the CPU each process spent, a
 CPU the work itself took. A plain process spends only the work.
 
     python benchmarks/task_cost.py --env-steps 100000 --repeats 3 [--profile]
+        [--variants 'learner.fused=true;learner.fused=false']
+
+A fused task (``learner.fused``: collect and learn in one task) is its own kind: its engine
+share is everything but the collection and the learning (the rollout's pull, the learner's
+pull and push); its latency to start is left out, since a queued one is submitted early on
+purpose. Each worker's busy share (its compute spans over the window) and its idle gaps
+between two tasks say how much of the cores the engine leaves unused.
 
 ``--profile`` also samples every process with py-spy (``pip install py-spy``) for the first
 repeat and lists each one's top functions by own time. Writes
@@ -48,7 +55,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PIPELINE = ROOT / "pipelines" / "ppo_cartpole.yaml"
-KINDS = ("rollout", "learner")
+KINDS = ("rollout", "learner", "fused")
 
 
 def _commit() -> str:
@@ -77,13 +84,15 @@ class _Trace:
 
         def traced_hold(inflight, fut, kind, done, **task):
             now = time.time()
-            if trace.first_submit is None and kind == "rollout":
+            if kind == "learner" and task.get("slot") is not None:
+                kind = "fused"   # collects on its slot and learns there (learner.fused)
+            if trace.first_submit is None and kind in KINDS:
                 trace.first_submit = now
                 trace.on_first_submit()
             trace.submitted[fut.key] = (kind, now)
-            if kind == "learner":   # its report has the task's own clocks
-                def done_traced(result, t, _done=done):
-                    trace.reports.append(result)
+            if kind in ("learner", "fused"):   # its report has the task's own clocks
+                def done_traced(result, t, _done=done, _kind=kind):
+                    trace.reports.append((_kind, result))
                     _done(result, t)
                 done = done_traced
             return hold(inflight, fut, kind, done, **task)
@@ -213,12 +222,15 @@ def _analyse(workers, env_steps, seed, started, trace, marks, records, pids, act
     t_start, t_end = marks["start"]["t"], marks["end"]["t"]
     window = t_end - t_start
     compute: dict[str, tuple[float, float, float]] = {}
+    spans: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     for r in records:
         key = r["key"]
         comp = [s for s in r["startstops"] if s["action"] == "compute"]
         xfer = sum(s["stop"] - s["start"] for s in r["startstops"] if s["action"] == "transfer")
         if comp:
             compute[key] = (comp[0]["start"], comp[-1]["stop"], xfer)
+            if t_start <= comp[0]["start"] and comp[-1]["stop"] <= t_end:
+                spans[r["worker"]].append((comp[0]["start"], comp[-1]["stop"]))
     per_kind: dict[str, dict[str, list[float]]] = {k: collections.defaultdict(list) for k in KINDS}
     for key, (kind, submitted) in trace.submitted.items():
         if kind not in KINDS or key not in compute or key not in trace.taken:
@@ -228,29 +240,45 @@ def _analyse(workers, env_steps, seed, started, trace, marks, records, pids, act
             continue
         taken, handler = trace.taken[key]
         p = per_kind[kind]
-        p["to_start_ms"].append(1e3 * (start - submitted))
+        # a queued fused task is submitted early on purpose: its latency to start says nothing
+        if kind != "fused":
+            p["to_start_ms"].append(1e3 * (start - submitted))
         p["compute_ms"].append(1e3 * (stop - start))
         p["transfer_ms"].append(1e3 * xfer)
         p["back_ms"].append(1e3 * (taken - stop))
         p["handler_ms"].append(1e3 * handler)
-    learners = [r for r in trace.reports]
-    lr = per_kind["learner"]
+    learners = [r for kind, r in trace.reports if kind == "learner"]
+    fused = [r for kind, r in trace.reports if kind == "fused"]
+    lr, ro, fu = per_kind["learner"], per_kind["rollout"], per_kind["fused"]
     lr["pull_ms"] = [1e3 * r.pull_s for r in learners]
     lr["push_ms"] = [1e3 * r.push_s for r in learners]
     lr["learn_ms"] = [1e3 * (r.task_s - r.pull_s - r.push_s) for r in learners]
-    ro = per_kind["rollout"]
     ro["collect_ms"] = [1e3 * r.collect_s for r in learners]   # each learner's trajectory
-    # (the trajectory's pull time is recorded since this script; older commits leave it out)
+    # (the trajectory's pull time is recorded since 9bdf558; older commits leave it out)
     ro["pull_ms"] = [1e3 * r.rollout_pull_s for r in learners if hasattr(r, "rollout_pull_s")]
+    fu["collect_ms"] = [1e3 * r.collect_s for r in fused]
+    fu["rollout_pull_ms"] = [1e3 * r.rollout_pull_s for r in fused]
+    fu["pull_ms"] = [1e3 * r.pull_s for r in fused]
+    fu["push_ms"] = [1e3 * r.push_s for r in fused]
+    fu["learn_ms"] = [1e3 * (r.task_s - r.pull_s - r.push_s) for r in fused]
+    # each worker: the share of the window it computed, and its idle gaps between two tasks
+    busy, gaps = {}, []
+    for worker, ss in spans.items():
+        ss.sort()
+        busy[worker.rsplit(":", 1)[-1]] = round(sum(b - a for a, b in ss) / window, 3)
+        gaps += [1e3 * max(0.0, b[0] - a[1]) for a, b in zip(ss, ss[1:])]
 
     def mean(xs):
         return round(statistics.fmean(xs), 3) if xs else None
 
     tasks = {k: {name: mean(v) for name, v in sorted(p.items())} | {"n": len(p["compute_ms"])}
              for k, p in per_kind.items()}
+    tasks = {k: t for k, t in tasks.items() if t["n"]}
     for k, t in tasks.items():   # the engine's share of the compute: all but the work itself
-        work = t.get("collect_ms") if k == "rollout" else t.get("learn_ms")
-        t["engine_in_compute_ms"] = round(t["compute_ms"] - work, 3) if work is not None else None
+        work = {"rollout": [t.get("collect_ms")], "learner": [t.get("learn_ms")],
+                "fused": [t.get("collect_ms"), t.get("learn_ms")]}[k]
+        t["engine_in_compute_ms"] = (round(t["compute_ms"] - sum(work), 3)
+                                     if None not in work else None)
     a, b = marks["start"], marks["end"]
     cpu = {f"driver process: {role}": b["driver_threads"].get(role, 0.0)
            - a["driver_threads"].get(role, 0.0) for role in b["driver_threads"]}
@@ -258,8 +286,9 @@ def _analyse(workers, env_steps, seed, started, trace, marks, records, pids, act
         label = "worker (parameter actor)" if addr in actor_workers else "worker"
         cpu[f"{label} {addr.rsplit(':', 1)[-1]}"] = b["workers"][addr] - a["workers"][addr]
     steps = summary["env_steps"]
-    n_ro, n_le = len(ro["collect_ms"]), len(learners)
-    work_s = (sum(ro["collect_ms"]) + sum(lr["learn_ms"])) / 1e3
+    n_ro, n_le = len(ro["collect_ms"]) + len(fused), len(learners) + len(fused)
+    work_s = (sum(ro["collect_ms"]) + sum(lr["learn_ms"]) + sum(fu["collect_ms"])
+              + sum(fu["learn_ms"])) / 1e3
     total_cpu = sum(cpu.values())
     return {
         "workers": workers, "seed": seed, "env_steps": steps,
@@ -267,6 +296,9 @@ def _analyse(workers, env_steps, seed, started, trace, marks, records, pids, act
         "start_to_first_rollout_s": round(started["to_first_rollout_s"], 3),
         "window_s": round(window, 3), "env_steps_per_s": round(steps / window, 1),
         "tasks": tasks,
+        "worker_busy_share": busy,
+        "worker_gap_ms": {"mean": mean(gaps), "median": (round(statistics.median(gaps), 3)
+                                                          if gaps else None), "n": len(gaps)},
         "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
         "cpu_total_s": round(total_cpu, 3), "cores_busy": round(total_cpu / window, 3),
         "work_cpu_s": round(work_s, 3),
@@ -289,28 +321,38 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a pipeline override for every run (recorded in the results)")
+    ap.add_argument("--variants", default="",
+                    help="sides that differ only in these overrides, ';' between sides, ',' "
+                         "within one (e.g. 'learner.fused=true;learner.fused=false'); "
+                         "every side runs in each repeat, turns rotating")
     ap.add_argument("--out", default=str(HERE / "results" / "task_cost.json"))
     args = ap.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     runs = []
     sizes = [int(w) for w in args.workers.split(",")]
+    variants = [[o for o in v.split(",") if o] for v in args.variants.split(";")]
+    sides = [(w, v) for w in sizes for v in variants]
     for rep in range(args.repeats):
-        for w in (sizes if rep % 2 == 0 else sizes[::-1]):   # interleaved, turns alternate
+        k = rep % len(sides)
+        for w, variant in sides[k:] + sides[:k]:   # interleaved, turns rotating
             prof = None
             if args.profile and rep == 0:
                 prof = Path(tempfile.mkdtemp(prefix=f"task-cost-{w}-"))
-            r = run_once(w, args.env_steps, args.seed + rep, prof, args.set)
+            r = run_once(w, args.env_steps, args.seed + rep, prof, [*args.set, *variant])
+            r["variant"] = variant
             runs.append(r)
-            print(json.dumps({k: r[k] for k in ("workers", "env_steps_per_s", "cores_busy",
-                                                "engine_cpu_ms_per_rollout", "cluster_start_s",
-                                                "start_to_first_rollout_s")}),
+            print(json.dumps({k: r[k] for k in ("workers", "variant", "env_steps_per_s",
+                                                "cores_busy", "worker_busy_share",
+                                                "worker_gap_ms", "engine_cpu_ms_per_rollout",
+                                                "cluster_start_s", "start_to_first_rollout_s")}),
                   flush=True)
             for k, t in r["tasks"].items():
                 print(f"  {k}: {t}", flush=True)
             print(f"  cpu: {r['cpu_s']}", flush=True)
     out = {"benchmark": "task_cost", "commit": _commit(), "pipeline": str(PIPELINE.name),
            "config": {"env_steps": args.env_steps, "repeats": args.repeats,
-                      "workers": sizes, "seeds": [args.seed + i for i in range(args.repeats)],
+                      "workers": sizes, "variants": variants,
+                      "seeds": [args.seed + i for i in range(args.repeats)],
                       "overrides": ["stop.target_return=1e9", "stop.eval_every_updates=0",
                                     "checkpoint.every_s=1e9", *args.set]},
            "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},

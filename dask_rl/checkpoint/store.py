@@ -336,7 +336,8 @@ def write_trajectory(url: str, index: int, traj: Trajectory) -> dict[str, int]:
 # what a trajectory's attributes may hold, field by field (anything else is refused)
 _SCALAR_TYPES: dict[str, tuple[type, ...]] = {"policy_version": (int,), "slot": (int,),
                                               "collect_s": (int, float),
-                                              "pull_s": (int, float)}
+                                              "pull_s": (int, float),
+                                              "slot_wait_s": (int, float)}
 
 
 def read_trajectory(url: str, index: int, checksums: dict[str, int] | None = None

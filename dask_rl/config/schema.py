@@ -143,6 +143,11 @@ class RolloutConfig:
 @dataclass(frozen=True, kw_only=True)
 class LearnerConfig:
     max_learners: int = option(2, "learner tasks in flight at once", ge=1)
+    fused: bool = option(True, "learn each trajectory in the task that collected it, on its "
+                               "worker (no trajectory moves, no trip to the driver between "
+                               "collecting and learning); applies to on-policy algorithms "
+                               "without replay, on CPU learners and a cluster without "
+                               "cluster.adapt; elsewhere learners are tasks of their own")
     gpus: float = option(0.0, "Dask resource GPU requested per learner task", ge=0)
     device: str = option("auto", "where a learner runs its math", choices=("auto", "cpu", "cuda"))
     lr: float = option(2.5e-4, "learning rate of the learner's local optimizer", gt=0)

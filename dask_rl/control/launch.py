@@ -27,6 +27,14 @@ trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed depende
   it would keep.
 * **A round** is one trajectory learned per slot; :meth:`learner_done` says when one ended, so
   the strategy can adapt (Stellaris' threshold decays per round).
+* **Learners fed where the data is** (``fused``, an on-policy algorithm without replay): a
+  slot's launch is one task that collects its trajectory and learns from it on the same
+  worker (Stellaris' learner launched on the batch the moment it is ready, with no trip to
+  the driver in between). At most ``max_learners`` slots run one at once, so no more learners
+  are active than that; each of them may also have ``lookahead`` launch queued behind it (it
+  waits on the slot's worker for the running one), so that its worker never waits for the
+  driver between two tasks. Under a synchronous strategy nothing is queued: a round's tasks all end
+  before the next round starts.
 
 Handles are opaque (Dask futures in the driver, strings in the tests), so every decision is
 tested with scripted events, as ``AdaptiveCore`` is in distributed.
@@ -61,12 +69,24 @@ class LearnerLaunch(Generic[T]):
     concurrent: int   # learners in flight once this one runs, itself included
 
 
+@dataclass(frozen=True)
+class FusedLaunch:
+    """Launch a task that collects on ``slot`` and learns from what it collected; ``queued``:
+    behind the slot's running task, which it must wait for."""
+
+    slot: int
+    queued: bool
+    concurrent: int   # slots running or queued once this one is submitted, itself included
+
+
 @dataclass
 class Launches(Generic[T]):
-    """What to submit now: rollouts on these slots, learners on these trajectories."""
+    """What to submit now: rollouts on these slots, learners on these trajectories, or
+    (``fused``) collect-and-learn tasks."""
 
     rollouts: list[int] = field(default_factory=list)
     learners: list[LearnerLaunch[T]] = field(default_factory=list)
+    fused: list[FusedLaunch] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -93,14 +113,22 @@ class LaunchPolicy(Generic[T]):
         Run rollouts in rounds gated on learning (the sync baseline's strategy).
     replay
         An off-policy algorithm's replay buffer, or None.
+    fused
+        Each launch collects and learns in one task (see the module's notes); needs an
+        on-policy algorithm without replay.
+    lookahead
+        With ``fused``: launches queued behind each running slot (0 or more).
     """
 
     def __init__(self, *, slots: int, max_learners: int, max_ready: int,
                  synchronous: bool = False, replay: TrajectoryReplay[T] | None = None,
-                 sampled: bool = False):
-        if slots < 0 or max_learners < 1 or max_ready < 1:
-            raise ValueError(f"slots must be >= 0, max_learners and max_ready >= 1, got "
-                             f"{slots}, {max_learners}, {max_ready}")
+                 sampled: bool = False, fused: bool = False, lookahead: int = 1):
+        if slots < 0 or max_learners < 1 or max_ready < 1 or lookahead < 0:
+            raise ValueError(f"slots must be >= 0, max_learners and max_ready >= 1, lookahead "
+                             f">= 0, got {slots}, {max_learners}, {max_ready}, {lookahead}")
+        if fused and (replay is not None or sampled):
+            raise ValueError("fused launches learn each trajectory once, where it was "
+                             "collected: not with replay or sampled learners")
         self.slots = slots
         self.max_learners = max_learners
         self.max_ready = max_ready
@@ -115,6 +143,8 @@ class LaunchPolicy(Generic[T]):
         self.draining = False
         self._paused = False   # nothing new starts (the policy is held still for a confirmation)
         self.sampled = sampled
+        self.fused = fused
+        self.lookahead = 0 if synchronous else lookahead
         self._sample_ready = False  # sampled learners: the caller's buffer holds enough
         self._rollouts_held = False  # sampled learners: the caller's replay ratio holds rollouts
 
@@ -140,6 +170,17 @@ class LaunchPolicy(Generic[T]):
         """A learner failed; its trajectory is not learned from (the caller counts it)."""
         self._learner_ended(first_use)
 
+    def fused_done(self, slot: int) -> bool:
+        """A fused task on ``slot`` ended with its learner's push; True when that completed a
+        round."""
+        self._rollout_ended(slot)
+        self.learned += 1
+        return self.slots > 0 and self.learned % self.slots == 0
+
+    def fused_failed(self, slot: int) -> None:
+        """A fused task on ``slot`` failed: nothing of it is learned (the caller counts it)."""
+        self._rollout_ended(slot)
+
     def pause(self) -> None:
         """Hold the policy still: nothing new starts until :meth:`resume` (or a stop)."""
         self._paused = True
@@ -161,8 +202,8 @@ class LaunchPolicy(Generic[T]):
         """The cluster changed: ``slots`` rollout slots from now on."""
         if slots < 0:
             raise ValueError(f"slots must be >= 0, got {slots}")
-        if slots > self.slots:
-            self.idle.extend(range(self.slots, slots))
+        if slots > self.slots:   # a slot whose old task still runs is idle once it ends
+            self.idle.extend(s for s in range(self.slots, slots) if s not in self.running_slots)
         self.slots = slots
         self.idle = [s for s in self.idle if s < slots]
 
@@ -178,8 +219,9 @@ class LaunchPolicy(Generic[T]):
         Slots whose rollouts were in flight are idle again; ready trajectories, trajectories
         whose first learner was in flight, and the replay buffer are dropped.
         """
+        running = sum(self.running_slots.values())
         gone = Discarded(trajectories=len(self.ready) + sum(self.learners),
-                         rollouts=sum(self.running_slots.values()),
+                         rollouts=running,
                          replay=len(self.replay) if self.replay is not None else 0)
         self.idle = sorted({*self.idle, *(s for s in self.running_slots if s < self.slots)})
         self.running_slots.clear()
@@ -195,6 +237,8 @@ class LaunchPolicy(Generic[T]):
         the policy counts it as in flight."""
         if self._paused or (self.stopping and not self.draining):
             return Launches()
+        if self.fused:
+            return Launches(fused=self._fused())
         launches: Launches[T] = Launches(learners=self._learners())
         if not self.stopping and self._rollouts_may_run():
             launches.rollouts, self.idle = self.idle, []
@@ -216,7 +260,7 @@ class LaunchPolicy(Generic[T]):
 
     @property
     def learners_in_flight(self) -> int:
-        return len(self.learners)
+        return self.rollouts_in_flight if self.fused else len(self.learners)
 
     # ---- rules -----------------------------------------------------------------------------
     def _rollouts_may_run(self) -> bool:
@@ -250,12 +294,33 @@ class LaunchPolicy(Generic[T]):
             out.append(LearnerLaunch(trajectory, first_use, len(self.learners)))
         return out
 
+    def _fused(self) -> list[FusedLaunch]:
+        """Idle slots start while fewer than ``max_learners`` run; each running slot of this
+        size gets up to ``lookahead`` launches queued behind it."""
+        if self.stopping or (self.synchronous and self.running_slots):
+            return []
+        out: list[FusedLaunch] = []
+
+        def launch(slot: int, queued: bool) -> None:
+            self.running_slots[slot] += 1
+            out.append(FusedLaunch(slot, queued, self.rollouts_in_flight))
+
+        for slot in sorted(s for s in self.running_slots if s < self.slots):
+            for _ in range(self.running_slots[slot], 1 + self.lookahead):
+                launch(slot, True)
+        while self.idle and len(self.running_slots) < self.max_learners:
+            slot = self.idle.pop(0)
+            launch(slot, False)
+            for _ in range(self.lookahead):
+                launch(slot, True)
+        return out
+
     def _rollout_ended(self, slot: int) -> None:
         self.running_slots[slot] -= 1
         if self.running_slots[slot] <= 0:
             del self.running_slots[slot]
-        if slot < self.slots:
-            self.idle.append(slot)
+            if slot < self.slots:
+                self.idle.append(slot)
 
     def _learner_ended(self, first_use: bool) -> None:
         self.learners.remove(first_use)

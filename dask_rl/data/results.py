@@ -85,6 +85,7 @@ class LearnerReport:
     worker: str
     stats: dict[str, Any] = field(default_factory=dict)  # the learner's losses/ and learner/
     rollout_pull_s: float = 0.0   # seconds the rollout task pulled the policy before collecting
+    slot_wait_s: float = 0.0      # seconds the rollout waited for its slot's environments
 
     def record(self) -> dict[str, Any]:
         """The flat metrics record of this report (without the episode lists)."""
@@ -93,7 +94,7 @@ class LearnerReport:
                 "version_after": self.ack.version, "version_pulled": self.version_pulled,
                 "policy_lag": self.policy_lag, "trajectory_steps": self.trajectory_steps,
                 "trajectory_bytes": self.trajectory_bytes, "rollout/collect_s": self.collect_s,
-                "rollout/pull_s": self.rollout_pull_s,
+                "rollout/pull_s": self.rollout_pull_s, "rollout/slot_wait_s": self.slot_wait_s,
                 "learner/pull_s": self.pull_s, "learner/push_s": self.push_s,
                 "learner/task_s": self.task_s, "cross_policies": self.cross_policies,
                 "worker": self.worker}

@@ -36,6 +36,7 @@ class Trajectory:
     moments: dict | None = None            # running statistics seen: {"obs": ..., "return": ...}
     collect_s: float = 0.0                 # seconds the rollout took
     pull_s: float = 0.0                    # seconds its task spent before: state, policy pull
+    slot_wait_s: float = 0.0               # seconds its task waited for the slot's envs
 
     @property
     def num_steps(self) -> int:

@@ -80,11 +80,15 @@ class Driver(Trainer):
                        if needs.replay > 1 else None)
         # the launch policy decides what starts: rollouts on free slots, learners on
         # trajectories (its slots are set once the cluster's size is known)
+        # an on-policy algorithm without replay learns each trajectory in the task that
+        # collected it (learner.fused)
+        fused = (cfg.learner.fused and self.sampled is None and self.replay is None
+                 and cfg.learner.gpus == 0 and cfg.cluster.adapt is None)
         self.policy: LaunchPolicy[Future] = LaunchPolicy(
             slots=0, max_learners=cfg.learner.max_learners,
             max_ready=cfg.rollout.max_ready or cfg.learner.max_learners,
             synchronous=STRATEGIES[cfg.aggregation.strategy].synchronous,
-            replay=self.replay, sampled=self.sampled is not None)
+            replay=self.replay, sampled=self.sampled is not None, fused=fused)
         self.accounting = Accounting()                 # what every task cost and produced
         self.rollouts = RolloutTasks(self)             # slot -> trajectory (stays on a worker)
         self.learners = LearnerTasks(self)             # trajectory -> gradient -> actor
@@ -277,6 +281,13 @@ class Driver(Trainer):
     def _launch(self) -> None:
         """Submit what the launch policy decides."""
         launches = self.policy.decide()
+        if launches.fused and self.policy.synchronous:
+            recoveries = self.recoveries
+            self.learners.announce([f.slot for f in launches.fused])
+            if self.recoveries != recoveries:  # the actor was replaced meanwhile: start over
+                return
+        for fused in launches.fused:
+            self.learners.submit_fused(fused)
         for launch in launches.learners:
             self.learners.submit(launch.trajectory, launch.first_use, launch.concurrent)
         if launches.rollouts and self.policy.synchronous:

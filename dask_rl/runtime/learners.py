@@ -1,6 +1,12 @@
 """The asynchronous driver's learner tasks: Stellaris' transient learners, one per trajectory
 (or, for a replay algorithm, one per batch of gradient steps on the replay buffer).
 
+A learner *fused* with its rollout (``learner.fused``, an on-policy algorithm without replay)
+is one task that collects on a slot and learns from what it collected, where it collected it
+(:func:`~dask_rl.runtime.tasks.collect_and_learn_task`). A slot's next task is submitted
+before its running one ends and waits on the slot's worker, which goes straight on to it: no
+trip to the driver lies between two tasks of a worker.
+
 A learner task pulls the current parameters, computes its gradients where the trajectory lies
 and pushes them to the parameter actor, whose strategy gates them; the driver gets back a small
 :class:`~dask_rl.data.LearnerReport`. Under a synchronous strategy a round's learners are
@@ -15,9 +21,10 @@ from typing import Any
 import numpy as np
 from distributed import Future
 
+from dask_rl.control.launch import FusedLaunch
 from dask_rl.control.schedule import learner_seed, learning_rate
 from dask_rl.data import LearnerReport
-from dask_rl.runtime.tasks import learner_task
+from dask_rl.runtime.tasks import collect_and_learn_task, learner_task
 
 
 class LearnerTasks:
@@ -63,6 +70,40 @@ class LearnerTasks:
         return learning_rate(d.hparams.get("learner.lr", cfg.lr), anneal=cfg.anneal_lr,
                              env_steps=d.env_steps, total_env_steps=d.cfg.stop.env_steps)
 
+    def _algo_overrides(self) -> dict | None:
+        return {k.split(".", 1)[1]: v for k, v in self.driver.hparams.items()
+                if k.startswith("algo.")} or None
+
+    def submit_fused(self, launch: FusedLaunch) -> None:
+        """A learner fed where its data is: it collects on ``launch.slot`` and learns from
+        that trajectory there; a queued launch waits on the slot's worker."""
+        d = self.driver
+        lid = self.round.pop(launch.slot, None) or self._next_id()
+        seq = int(lid[1:])
+        fut = d.client.submit(collect_and_learn_task, d.run_name, launch.slot, d.actor, lid,
+                              self.learning_rate(), learner_seed(d.cfg.seed, seq),
+                              self._algo_overrides(), seq, pure=False,
+                              key=f"learner-{lid}-{d.run_name}",
+                              **d.follower.placement(launch.slot))
+        d.metrics.write("phase", {"phase": "learner", "event": "start", "learner": lid,
+                                  "first_use": True, "slot": launch.slot})
+        d.inflight.hold(fut, "learner", self.fused_done, lost=self.fused_lost, at_end="wait",
+                        slot=launch.slot, learner_id=lid, concurrent=launch.concurrent)
+
+    def fused_done(self, report: LearnerReport, task: Any) -> None:
+        d = self.driver
+        d.accounting.rollout_finished(report.trajectory_steps)
+        steps_per_s = self._learned(report, task)
+        if d.policy.fused_done(task.slot):
+            self._end_round()
+        d.report_progress(steps_per_s=steps_per_s)
+
+    def fused_lost(self, task: Any) -> None:
+        d = self.driver
+        d.policy.fused_failed(task.slot)
+        d.actor_call("learner_lost", task.learner_id, on_loss="skip")
+        d.accounting.dropped(rollouts=1)
+
     def submit(self, trajectory: Future | None, first_use: bool, concurrent: int) -> None:
         """A learner on ``trajectory`` (its first use, or a replay of it), or with None a
         sampled learner on the replay buffer."""
@@ -80,17 +121,29 @@ class LearnerTasks:
             d.metrics.write("replay", {"env_steps": d.env_steps, "learner": lid, **record})
             first_use = False
         else:
-            overrides = {k.split(".", 1)[1]: v for k, v in d.hparams.items()
-                         if k.startswith("algo.")}
             fut = d.client.submit(learner_task, d.run_name, trajectory, d.actor, lid,
-                                  self.learning_rate(), seed, overrides or None, first_use,
-                                  seq, pure=False, key=f"learner-{lid}-{d.run_name}", **kwargs)
+                                  self.learning_rate(), seed, self._algo_overrides(),
+                                  first_use, seq, pure=False, key=f"learner-{lid}-{d.run_name}",
+                                  **kwargs)
         d.metrics.write("phase", {"phase": "learner", "event": "start", "learner": lid,
                                   "first_use": first_use})
         d.inflight.hold(fut, "learner", self.done, lost=self.lost, at_end="wait",
                         learner_id=lid, first_use=first_use, concurrent=concurrent)
 
     def done(self, report: LearnerReport, task: Any) -> None:
+        d = self.driver
+        steps_per_s = self._learned(report, task)
+        if d.sampled is not None:
+            d.sampled.learner_done(int(report.stats.get("learner/epochs", 0))
+                                   * int(report.stats.get("learner/batch", 0)))
+            d.replay_changed()
+        if d.policy.learner_done(task.first_use):
+            self._end_round()
+        d.report_progress(steps_per_s=steps_per_s)
+
+    def _learned(self, report: LearnerReport, task: Any) -> float:
+        """What every learner's report changes: counters, returns, its metrics record; the
+        training's env steps per second."""
         d = self.driver
         first_use = task.first_use
         d.updates = max(d.updates, report.ack.version)
@@ -115,13 +168,7 @@ class LearnerTasks:
             "charts/learning_rate": self.learning_rate(), **report.record(),
             "replay": not first_use, "learners/in_flight": task.concurrent,
             "learner": task.learner_id})
-        if d.sampled is not None:
-            d.sampled.learner_done(int(report.stats.get("learner/epochs", 0))
-                                   * int(report.stats.get("learner/batch", 0)))
-            d.replay_changed()
-        if d.policy.learner_done(first_use):
-            self._end_round()
-        d.report_progress(steps_per_s=steps_per_s)
+        return steps_per_s
 
     def lost(self, task: Any) -> None:
         d = self.driver

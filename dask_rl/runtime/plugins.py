@@ -55,6 +55,7 @@ class RunState(WorkerPlugin):
         self.worker = worker
         self.lock = threading.Lock()
         self.collectors: dict[int, Any] = {}
+        self.slot_locks: dict[int, threading.Lock] = {}
         self.created: dict[int, int] = {}
         self.learners: dict[int, Any] = {}
         self.es_evaluators: dict[int, Any] = {}
@@ -67,6 +68,13 @@ class RunState(WorkerPlugin):
             collector.close()
         self.collectors.clear()
         self.learners.clear()
+
+    def slot_lock(self, slot: int) -> threading.Lock:
+        """Held by a task while it collects on slot ``slot`` here: a slot's environments
+        serve one task at a time (a task queued behind its slot's running one, or one
+        started after a discard while the old one still runs, waits for it)."""
+        with self.lock:
+            return self.slot_locks.setdefault(slot, threading.Lock())
 
     def collector(self, slot: int):
         """The persistent environments of rollout slot ``slot`` on this worker."""

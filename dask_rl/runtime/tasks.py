@@ -39,8 +39,21 @@ def rollout_task(run: str, slot: int, actor: Any, exploration: float | None = No
     ``rollout.pull_every`` rollouts, and the parameters move only when the actor's version
     moved by ``rollout.pull_min_versions`` or more (a slot without a policy from this very
     actor always pulls)."""
-    t0 = time.perf_counter()
-    state = run_state(run)
+    return _collect(run_state(run), slot, actor, exploration)
+
+
+def _collect(state: Any, slot: int, actor: Any, exploration: float | None = None
+             ) -> Trajectory:
+    t_wait = time.perf_counter()
+    with state.slot_lock(slot):
+        t0 = time.perf_counter()
+        traj = _collect_held(state, slot, actor, exploration, t0)
+    traj.slot_wait_s = t0 - t_wait
+    return traj
+
+
+def _collect_held(state: Any, slot: int, actor: Any, exploration: float | None, t0: float
+                  ) -> Trajectory:
     rollout = state.cfg.rollout
     collector = state.collector(slot)
     # A re-created actor restarts from an older version: a cached version only counts if it
@@ -123,8 +136,31 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
     makes the push exactly-once: if Dask runs this task again (its worker died after the push),
     the actor refuses the second push.
     """
-    t0 = time.perf_counter()
+    return _learn(run, run_state(run), traj, actor, learner_id, lr, seed, algo_overrides,
+                  first_use, seq)
+
+
+def collect_and_learn_task(run: str, slot: int, actor: Any, learner_id: str, lr: float,
+                           seed: int, algo_overrides: dict | None = None,
+                           seq: int | None = None) -> LearnerReport:
+    """A learner fed where its data is: collect on slot ``slot`` (as :func:`rollout_task`),
+    then learn from that trajectory here (as :func:`learner_task`, its first use), with no
+    trip to the driver between the two and no trajectory leaving this worker.
+
+    A task queued behind its slot's running one is sent to the slot's worker at once and
+    starts there when a thread is free; if it finds the slot's environments still busy (a
+    worker with more threads), it waits for them (:meth:`RunState.slot_lock`). Not a Dask
+    dependency on the previous task: a chain of dependencies keeps every task of the chain
+    in the scheduler for the whole run."""
     state = run_state(run)
+    traj = _collect(state, slot, actor)
+    return _learn(run, state, traj, actor, learner_id, lr, seed, algo_overrides, True, seq)
+
+
+def _learn(run: str, state: Any, traj: Trajectory, actor: Any, learner_id: str, lr: float,
+           seed: int, algo_overrides: dict | None, first_use: bool, seq: int | None
+           ) -> LearnerReport:
+    t0 = time.perf_counter()
     learner = state.learner()
     snapshot = _admitted_pull(actor, learner_id, state.cfg)
     t_pulled = time.perf_counter()
@@ -150,7 +186,8 @@ def learner_task(run: str, traj: Trajectory, actor: Any, learner_id: str, lr: fl
         trajectory_steps=traj.env_steps, trajectory_bytes=traj.nbytes,
         collect_s=traj.collect_s, pull_s=t_pulled - t0, push_s=t_pushed - t_learned,
         task_s=t_pushed - t0, cross_policies=int(update.stats.get("learner/cross_policies", 0)),
-        worker=state.worker.address, stats=update.stats, rollout_pull_s=traj.pull_s)
+        worker=state.worker.address, stats=update.stats, rollout_pull_s=traj.pull_s,
+        slot_wait_s=traj.slot_wait_s)
 
 
 def _admitted_pull(actor: Any, learner_id: str, cfg: Any):

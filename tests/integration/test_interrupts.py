@@ -104,15 +104,19 @@ def _before_first_checkpoint() -> tuple[Ready, Ended]:
 
 
 def _rollouts_at_startup() -> tuple[Ready, Ended]:
-    # the loop has begun (rollouts submitted) and no trajectory has come back yet: the first
-    # learner is submitted when one does
+    # the loop has begun (rollouts submitted) and no trajectory has come back yet: a separate
+    # learner is submitted when one does; a fused task (learner.fused, the default) reports
+    # its learner when its trajectory has been learned
+    def back(r: dict) -> bool:
+        return r["kind"] == "learner" or (_phase("learner")(r) and "slot" not in r)
+
     def ready(records: Records) -> float | None:
         start = _started(records)
-        if start is None or _first(records, start, _phase("learner")) is not None:
+        if start is None or _first(records, start, back) is not None:
             return None
         return start
 
-    return ready, lambda records, start: _first(records, start, _phase("learner"))
+    return ready, lambda records, start: _first(records, start, back)
 
 
 def _learner_in_flight() -> tuple[Ready, Ended]:

@@ -108,7 +108,7 @@ def _after_push(marker: Path, *, min_seq: int, actor_prefix: str = "parameter-ac
     return AfterPush()
 
 
-def _run_with_killer(tmp_path, kill, *, workers=3, plugin=None, after_learners=10):
+def _run_with_killer(tmp_path, kill, *, workers=3, plugin=None, after_learners=10, extra=()):
     """Train ``SMALL`` on its own cluster; ``kill(client)`` runs once ``after_learners``
     learner results are in. Returns the summary, the run's directory and what ``kill``
     returned."""
@@ -128,7 +128,7 @@ def _run_with_killer(tmp_path, kill, *, workers=3, plugin=None, after_learners=1
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
         result = dask_rl.train(dask_rl.api.resolve(
-            Path(__file__).parents[2] / "pipelines" / "ppo_cartpole.yaml", SMALL),
+            Path(__file__).parents[2] / "pipelines" / "ppo_cartpole.yaml", [*SMALL, *extra]),
             client=client, run_dir=run_dir)
         thread.join(timeout=5)
     assert killed, "the kill never happened before the run ended"
@@ -142,9 +142,13 @@ def _learner_record(run_dir: Path, seq: int) -> dict:
 
 
 @pytest.mark.slow
-def test_losing_a_rollout_worker(tmp_path):
+@pytest.mark.parametrize("fused, collecting", [(True, "learner-"), (False, "rollout-")],
+                         ids=["fused", "apart"])
+def test_losing_a_rollout_worker(tmp_path, fused, collecting):
+    # a worker running a task that collects (fused: collects and learns) dies mid-run
     summary, run_dir, _ = _run_with_killer(
-        tmp_path, lambda c: _kill_worker_running(c, "rollout", avoid=_actor_address(c)))
+        tmp_path, lambda c: _kill_worker_running(c, collecting, avoid=_actor_address(c)),
+        extra=[f"learner.fused={str(fused).lower()}"])
     assert summary["recoveries"] == 0, summary  # Dask re-ran the tasks; the actor was untouched
     check_run(run_dir, summary)
 

@@ -236,3 +236,77 @@ def test_sampled_rollouts_wait_only_while_the_learners_are_behind():
     p.learner_done(False)
     p.replay_changed(ready=True, behind=False)     # caught up: collect again
     assert p.decide().rollouts == [0]
+
+
+# ---- learners fed where the data is (fused launches) ------------------------------------------
+def _fused(launches):
+    return [(f.slot, f.queued) for f in launches.fused]
+
+
+def test_fused_each_running_slot_gets_one_launch_queued_behind_it():
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=2, fused=True)
+    d = p.decide()
+    assert _fused(d) == [(0, False), (0, True), (1, False), (1, True)]
+    assert d.rollouts == [] and d.learners == []
+    assert p.decide().fused == []             # every slot has its task and its queued one
+    assert p.learners_in_flight == 4 and p.rollouts_in_flight == 4
+    assert not p.fused_done(0)                # slot 0's queued task now runs: queue another
+    assert _fused(p.decide()) == [(0, True)]
+    assert p.fused_done(1)                    # two learned, one per slot: a round
+    assert not p.fused_done(0) and p.learned == 3
+
+
+def test_fused_running_slots_never_exceed_max_learners():
+    """At most max_learners slots run a task at once, so no more learners are ever active
+    than that; the queued launches wait behind them, they do not run beside them."""
+    p = LaunchPolicy(slots=3, max_learners=2, max_ready=2, fused=True)
+    assert _fused(p.decide()) == [(0, False), (0, True), (1, False), (1, True)]
+    p.fused_done(0)
+    p.fused_done(0)                           # slot 0 is idle: slot 2 may start
+    assert _fused(p.decide()) == [(2, False), (2, True)]
+    assert len(p.running_slots) == 2
+    for _ in range(2):
+        p.fused_done(1)
+    assert _fused(p.decide()) == [(0, False), (0, True)]
+
+
+def test_fused_without_lookahead_and_synchronous_rounds_queue_nothing():
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=2, fused=True, lookahead=0)
+    assert _fused(p.decide()) == [(0, False), (1, False)]
+    s = LaunchPolicy(slots=2, max_learners=2, max_ready=2, fused=True, synchronous=True)
+    assert _fused(s.decide()) == [(0, False), (1, False)]
+    s.fused_done(0)
+    assert s.decide().fused == []             # the round waits for slot 1's task
+    assert s.fused_done(1)                    # the round: one trajectory per slot learned
+    assert _fused(s.decide()) == [(0, False), (1, False)]
+
+
+def test_fused_pause_stop_failure_and_discard():
+    p = LaunchPolicy(slots=1, max_learners=1, max_ready=1, fused=True)
+    p.decide()
+    p.pause()
+    p.fused_done(0)
+    assert p.decide().fused == [] and p.learners_in_flight == 1   # the queued one still runs
+    p.fused_failed(0)
+    assert p.learners_in_flight == 0 and p.idle == [0]
+    p.resume()
+    assert _fused(p.decide()) == [(0, False), (0, True)]
+    gone = p.discard_all()
+    assert (gone.rollouts, gone.trajectories) == (2, 0) and p.idle == [0]
+    p.stop(drain=True)
+    assert p.decide().fused == [] and p.finished
+
+
+def test_fused_refuses_replay():
+    with pytest.raises(ValueError, match="fused"):
+        LaunchPolicy(slots=1, max_learners=1, max_ready=1, fused=True, sampled=True)
+
+
+def test_a_grown_slot_whose_old_task_still_runs_is_not_started_twice():
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=2)
+    assert p.decide().rollouts == [0, 1]
+    p.resize(1)
+    p.resize(2)                               # slot 1's old rollout is still running
+    assert p.decide().rollouts == []
+    p.rollout_done(1, "b")
+    assert p.decide().rollouts == [1]
