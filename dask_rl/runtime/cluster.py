@@ -10,6 +10,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+import weakref
 import zipfile
 from pathlib import Path
 from typing import Iterator
@@ -23,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 WORKER_SIGNALS_PRELOAD = "dask_rl.runtime.worker_signals"  # Ctrl-C belongs to the driver
 DASHBOARD_PRELOAD = "dask_rl.runtime.dashboard"  # the /rl page (see that module)
+# read by that module at import: register no Bokeh page yet (imported, it would import Bokeh)
+DEFERRED_DASHBOARD = "dask-rl.dashboard-deferred"
 ADAPTIVE_PRELOAD = "dask_rl.runtime.adaptive"    # the RL-aware adaptive target
 
 
@@ -89,6 +93,10 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
     if crowded:
         logger.warning(crowded)
     settings = {"distributed.worker.profile.enabled": cfg.profile, **QUIET}
+    scheduler_kwargs: dict = {"preload": preloads}
+    if cfg.dashboard:   # its HTTP server now, Bokeh once the run is going (attach_dashboard)
+        settings[DEFERRED_DASHBOARD] = True
+        scheduler_kwargs["dashboard"] = False
     if cfg.processes:   # workers forked from a warm process with everything imported
         from dask_rl.runtime.worker_start import dask_settings
 
@@ -100,19 +108,38 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
             processes=cfg.processes,
             memory_limit=cfg.memory_limit,
             dashboard_address=cfg.dashboard_address if cfg.dashboard else None,
-            scheduler_kwargs={"preload": preloads},
+            scheduler_kwargs=scheduler_kwargs,
             preload=[WORKER_SIGNALS_PRELOAD] if cfg.processes else None,
             silence_logs=logging.ERROR,
         )
     if cfg.adapt is not None:
         cluster.adapt(minimum=cfg.adapt.minimum, maximum=cfg.adapt.maximum,
                       interval=f"{cfg.adapt.interval_s}s", wait_count=cfg.adapt.wait_count)
+    if cfg.dashboard:
+        _deferred_dashboards.add(cluster.scheduler)
     try:
         # Results and actor calls go straight to the workers of a local cluster.
         with Client(cluster, direct_to_workers=True) as client:
             yield client
     finally:
         cluster.close()
+
+
+_deferred_dashboards: weakref.WeakSet = weakref.WeakSet()
+
+
+def attach_dashboard(client: Client) -> None:
+    """Start the dashboard of an embedded cluster that ``connect`` started without it, in the
+    background (Bokeh's import takes ~0.4 s of this process, while the workers run the first
+    tasks); once per cluster, nothing for any other."""
+    scheduler = getattr(getattr(client, "cluster", None), "scheduler", None)
+    if scheduler is None or scheduler not in _deferred_dashboards:
+        return
+    _deferred_dashboards.discard(scheduler)
+    from dask_rl.runtime.dashboard import attach
+
+    threading.Thread(target=attach, args=(scheduler,), name="dask-rl-dashboard",
+                     daemon=True).start()
 
 
 def upload(client: Client, paths: tuple[str, ...]) -> None:

@@ -9,7 +9,10 @@ scheduler plugin collects them as they arrive, so the page has the whole run, no
 
 At import (inside ``Scheduler.__init__``, before its HTTP server is built) the module registers
 the Bokeh application, adds ``rl`` to the navigation and the JSON route; at ``dask_setup`` it
-installs the collecting plugin on the scheduler.
+installs the collecting plugin on the scheduler. dask-rl's embedded cluster starts its
+scheduler without Bokeh (importing it is ~0.4 s, a quarter of the cluster's start) and
+:func:`attach` es the dashboard once the run's first tasks are out
+(:func:`dask_rl.runtime.cluster.attach_dashboard`).
 """
 
 from __future__ import annotations
@@ -75,12 +78,26 @@ class MetricsJSON(RequestHandler):
 routes = [("rl/metrics.json", MetricsJSON, {})]
 
 
+# dask config set by dask_rl.runtime.cluster.connect (DEFERRED_DASHBOARD): it attaches later
+DEFERRED = "dask-rl.dashboard-deferred"
+
+
 def _install() -> None:
+    modules = list(dask.config.get("distributed.scheduler.http.routes"))
+    if ROUTES_MODULE not in modules:
+        dask.config.set({"distributed.scheduler.http.routes": [*modules, ROUTES_MODULE]})
+    if not dask.config.get(DEFERRED, False):
+        register_page()
+
+
+def register_page() -> bool:
+    """Add ``/rl`` to the Bokeh applications and the navigation of schedulers whose dashboard
+    starts from now on; False without Bokeh."""
     try:
         import distributed.dashboard.scheduler as dashboard
     except ImportError:  # no bokeh: only the JSON endpoint
-        dashboard = None
-    if dashboard is not None and "/rl" not in dashboard.applications:
+        return False
+    if "/rl" not in dashboard.applications:
         dashboard.applications["/rl"] = rl_doc
         original = dashboard.template_variables
 
@@ -91,9 +108,21 @@ def _install() -> None:
             return variables
 
         dashboard.template_variables = template_variables
-    modules = list(dask.config.get("distributed.scheduler.http.routes"))
-    if ROUTES_MODULE not in modules:
-        dask.config.set({"distributed.scheduler.http.routes": [*modules, ROUTES_MODULE]})
+    return True
+
+
+def attach(scheduler) -> None:
+    """Start the Bokeh dashboard (with ``/rl``) on a running scheduler that was started without
+    it (``dashboard=False``, its HTTP server up): Bokeh is imported on this thread, the
+    applications are added on the scheduler's event loop."""
+    if not register_page():
+        return
+    import distributed.dashboard.scheduler as dashboard
+
+    def connect() -> None:
+        dashboard.connect(scheduler.http_application, scheduler.http_server, scheduler,
+                          prefix="/")
+    scheduler.loop.add_callback(connect)
 
 
 _install()

@@ -29,6 +29,7 @@ from dask_rl.data.summary import LearnerSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat
 from dask_rl.models.normalizer import empty_moments
+from dask_rl.runtime.cluster import attach_dashboard
 from dask_rl.runtime.evaluations import EvaluationTasks
 from dask_rl.runtime.follower import ALLOCATE_EVERY_S, ClusterFollower
 from dask_rl.runtime.inflight import InFlight, Task
@@ -181,6 +182,7 @@ class Driver(Trainer):
                                        "rollout_slots": slots})
             if not self.interrupted:
                 self._launch()
+            attach_dashboard(self.client)   # an embedded cluster's, now that work is out
             while not self.policy.finished:
                 done = self.inflight.wait_some(0.5)
                 for fut in done:

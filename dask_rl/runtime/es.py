@@ -31,6 +31,7 @@ from dask_rl.data.summary import ESSummary
 from dask_rl.envs import env_spaces
 from dask_rl.models import get_flat, make_policy
 from dask_rl.models.normalizer import empty_moments, merge_moments
+from dask_rl.runtime.cluster import attach_dashboard
 from dask_rl.runtime.evaluations import EvaluationTasks
 from dask_rl.runtime.run import Abandoned, RunFailed
 from dask_rl.runtime.tasks import es_evaluate_task, es_noiseless_task, es_update_task
@@ -94,6 +95,7 @@ class ESDriver(Trainer):
                 self.open()
                 self.metrics.write("run", {"event": "start", "config": public_dict(self.cfg),
                                            "num_params": self.num_params})
+                attach_dashboard(self.client)   # an embedded cluster's, beside the first tasks
                 timers = self.timers()
                 while self.stop_reason is None:
                     reason = self.budget_reason()

@@ -33,6 +33,17 @@ def dashboard_cluster():
         yield client
 
 
+@pytest.fixture
+def embedded_dashboard():
+    """dask-rl's own embedded cluster: its scheduler starts without Bokeh, and the run attaches
+    the dashboard once its first tasks are out."""
+    from dask_rl.config import ClusterConfig
+    from dask_rl.runtime.cluster import connect
+
+    with connect(ClusterConfig(dashboard_address="127.0.0.1:0")) as client:
+        yield client
+
+
 def _train_in_background(client, run_dir, **overrides):
     result = {}
 
@@ -58,9 +69,11 @@ def _records(base: str) -> int:
     return json.loads(_get(base + "/rl/metrics.json")[1])["records"]
 
 
-def test_rl_page_and_json_advance_during_a_run(dashboard_cluster, tmp_path):
-    base = dashboard_cluster.dashboard_link.rsplit("/", 1)[0]
-    thread, result = _train_in_background(dashboard_cluster, tmp_path / "run")
+@pytest.mark.parametrize("cluster", ["dashboard_cluster", "embedded_dashboard"])
+def test_rl_page_and_json_advance_during_a_run(cluster, request, tmp_path):
+    client = request.getfixturevalue(cluster)
+    base = client.dashboard_link.rsplit("/", 1)[0]
+    thread, result = _train_in_background(client, tmp_path / "run")
     deadline = time.time() + 120
     while _records(base) < 10:
         assert time.time() < deadline, "no records reached the scheduler"
