@@ -95,6 +95,8 @@ def main() -> int:
           f"{100 * s['rollout_time_share']:.0f}%, greedy return {s['final_return']:.1f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
+    from stats import record_commit
+    record_commit(Path(args.out))
     return 0
 
 

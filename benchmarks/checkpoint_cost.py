@@ -70,6 +70,8 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"interval_s": args.interval_s, "rows": rows},
                                          indent=2))
+    from stats import record_commit
+    record_commit(Path(args.out))
     return 0
 
 

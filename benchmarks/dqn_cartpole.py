@@ -142,6 +142,8 @@ def main() -> int:
                                "pipeline": str(PIPELINE.relative_to(ROOT)), "seeds": seeds,
                                "candidates": {n: CANDIDATES[n] for n in names},
                                "summary": table, "runs": runs}, indent=2))
+    from stats import record_commit
+    record_commit(out)
     return 0
 
 

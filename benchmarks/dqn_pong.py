@@ -210,6 +210,8 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
+    from stats import record_commit
+    record_commit(out)
     if result["trained"]["vs_random"]:
         w = result["trained"]["vs_random"]
         print(f"trained, all games: {np.mean(pooled):.1f}; vs random {w['diff']:+.1f} "

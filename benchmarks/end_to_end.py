@@ -99,20 +99,25 @@ def plain_side(args, out: Path) -> None:
     learner = Learner(cfg, *spaces)
     returns: collections.deque[float] = collections.deque(maxlen=RECENT)
     curve, steps, first_start = [], 0, time.time()
+    times: dict[str, list[float]] = {"collect_s": [], "learn_s": []}
     while steps < args.budget:
         snap = actor.pull()
         collector.load(snap)
         traj = collector.collect(cfg.rollout.steps)
         lr = learning_rate(cfg.learner.lr, anneal=cfg.learner.anneal_lr, env_steps=steps,
                            total_env_steps=args.budget)
+        t0 = time.perf_counter()
         res = learner.update(actor.pull_learner("L", opt_state=True), traj, lr=lr,
                              seed=snap.version)
         actor.push(res.delta, res.version, "L", opt_state=res.opt_state, moments=traj.moments,
                    samples=traj.env_steps)
+        times["collect_s"].append(traj.collect_s)
+        times["learn_s"].append(time.perf_counter() - t0)
         steps += traj.env_steps
         returns.extend(float(r) for r in traj.episode_returns)
         curve.append((time.time(), steps, float(np.mean(returns)) if returns else None))
-    _save(out, cfg, curve, first_start, torch_threads=torch.get_num_threads())
+    _save(out, cfg, curve, first_start, torch_threads=torch.get_num_threads(),
+          task_times_median={k: float(np.median(v)) for k, v in times.items()})
 
 
 def dask_side(args, out: Path) -> None:
@@ -140,8 +145,17 @@ def dask_side(args, out: Path) -> None:
     with connect(cfg.cluster) as client, tempfile.TemporaryDirectory() as run_dir:
         threads = client.run(lambda: __import__("torch").get_num_threads())
         summary = Timed(client, cfg, run_dir, progress=progress).run()
+        learned = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    learned = [r for r in learned if r.get("kind") == "learner"]
+    # per task, as the plain side's: the collection, and the learner's pull + learning + push
+    times = {"collect_s": [r["rollout/collect_s"] for r in learned],
+             "learn_s": [r["learner/task_s"] for r in learned],
+             "learner_pull_s": [r["learner/pull_s"] for r in learned],
+             "learner_push_s": [r["learner/push_s"] for r in learned],
+             "rollout_pull_s": [r["rollout/pull_s"] for r in learned]}
     _save(out, cfg, curve, marks["first_start"], staleness_mean=summary.staleness_mean,
-          worker_torch_threads=sorted(threads.values()), fused=cfg.learner.fused)
+          worker_torch_threads=sorted(threads.values()), fused=cfg.learner.fused,
+          task_times_median={k: float(np.median(v)) for k, v in times.items() if v})
 
 
 def _save(out: Path, cfg, curve, first_start: float, **extra) -> None:

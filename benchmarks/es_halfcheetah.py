@@ -47,6 +47,8 @@ def main() -> int:
           f"({out['env_steps']} env steps, {out['wall_s']:.0f} s)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
+    from stats import record_commit
+    record_commit(Path(args.out))
     return 0
 
 

@@ -128,6 +128,8 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"measured": measured, "speedup_1_to_2": speedup,
                                           "projection": projection}, indent=2))
+    from stats import record_commit
+    record_commit(Path(args.out))
     return 0
 
 

@@ -229,6 +229,8 @@ def _write(out: Path, runs: list[dict], args: argparse.Namespace) -> None:
         {"benchmark": "event_triggers", "settings": vars(args), "triggers": TRIGGERS,
          "pipelines": {k: str(v.relative_to(ROOT)) for k, v in PIPELINES.items()},
          "tables": tables, "runs": runs}, indent=1, default=str))
+    from stats import record_commit
+    record_commit(out.with_suffix(".json"))
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

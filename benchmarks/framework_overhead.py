@@ -76,6 +76,8 @@ def main() -> int:
               f"| {r['dask_rl_s']:.3f} s | {r['ratio']:.2f} | {r['dask_rl_vs_ideal']:.2f} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"workers": args.workers, "rows": rows}, indent=2))
+    from stats import record_commit
+    record_commit(Path(args.out))
     return 0
 
 

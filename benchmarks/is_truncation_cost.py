@@ -100,6 +100,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "runs": rows},
                                                    indent=1))
+    from stats import record_commit
+    record_commit(out.with_suffix(".json"))
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

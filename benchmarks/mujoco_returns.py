@@ -151,6 +151,8 @@ def main() -> int:
         block["summary"] = summarise(block["runs"])
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(data, indent=1))
+    from stats import record_commit
+    record_commit(out_path)
     lines = ["# PPO and IMPACT on Hopper-v5", "",
              f"`python benchmarks/mujoco_returns.py --label LABEL --seeds {args.seeds}`: "
              f"greedy return (5 episodes), mean ± std [95% CI half-width] over seeds; random "

@@ -22,7 +22,10 @@ Nature CNN of ``pipelines/ppo_pong.yaml``. Three paths (``--paths``), side by si
 pushes/s, learner pulls/s, sampler pulls/s (and how many carried parameters), p50/p99
 latency of each kind of call, and the CPU seconds each process spent (the actor's worker
 against the callers' workers and the scheduler: on this machine's 2 cores the callers compete
-with the actor, which the CPU column makes visible instead of hiding).
+with the actor, which the CPU column makes visible instead of hiding). The service's
+**capacity** is the calls it served per second of its own worker's CPU (pushes, learner pulls
+and sampler pulls over the actor's CPU seconds per second), set beside the uncombined path's
+at the same K: wall rates on 2 cores also measure how much CPU the callers left it.
 
 Where the time goes: a separate window per model (K = ``--profile-k``, so that sampling does
 not slow the timed windows) samples every thread's stack on the actor's worker every
@@ -283,9 +286,16 @@ def markdown(result: dict) -> str:
                   "| learners + samplers | path | pushes/s | learner pulls/s | sampler "
                   "pulls/s (with params) | push p50 / p99 ms | learner pull p50 / p99 ms | "
                   "sampler pull p50 / p99 ms | calls per trip | CPU s/s: actor, callers, "
-                  "scheduler |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "scheduler | calls per actor CPU second (x uncombined) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        capacity = {}
         for w in rows["windows"]:
+            calls = w["push"]["per_s"] + w["learner_pull"]["per_s"] + w["sampler_pull"]["per_s"]
+            cap = calls / max(w["cpu_s_per_s"]["actor"], 1e-9)   # the service's capacity
+            if w["path"] == "uncombined":
+                capacity[w["learners"]] = cap
+            base = capacity.get(w["learners"])
+            times = f" (x{cap / base:.2f})" if base else ""
             def lat(kind):
                 return f"{_ms(w[kind]['p50_ms'])} / {_ms(w[kind]['p99_ms'])}"
             cpu = w["cpu_s_per_s"]
@@ -297,7 +307,7 @@ def markdown(result: dict) -> str:
                 f"({w['sampler_pull']['with_params'] / w['window_s']:.0f}) | {lat('push')} | "
                 f"{lat('learner_pull')} | {lat('sampler_pull')} | {per_trip(w)} | "
                 f"{cpu['actor']:.2f}, "
-                f"{callers:.2f}, {cpu['scheduler']:.2f} |")
+                f"{callers:.2f}, {cpu['scheduler']:.2f} | {cap:,.0f}{times} |")
         for mode, w in rows.get("profile", {}).items():
             lines += ["", f"Where the actor's worker spends its time, path {mode} "
                       f"({rows['profile_k']} learners + {rows['profile_k']} samplers, stacks "
@@ -362,6 +372,8 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
+    from stats import record_commit
+    record_commit(out.with_suffix(".json"))
     out.with_suffix(".md").write_text(text + "\n")
     return 0
 

@@ -828,6 +828,8 @@ def main() -> int:
          "service_times": service, "saturation_model": sat, "real_vs_model": comparison,
          "simulation": {"label": "simulated learners on a synthetic objective",
                         "inputs": sim_inputs, "rows": rows}}, indent=1, default=str))
+    from stats import record_commit
+    record_commit(out.with_suffix(".json"))
     _plot(rows, comparison, out.with_suffix(".png"))
     print(f"\nwrote {out.with_suffix('.json')}, .md, .png "
           f"({time.perf_counter() - t_start:.0f} s)")

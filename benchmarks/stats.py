@@ -110,3 +110,25 @@ def json_safe(x):
     if isinstance(x, (list, tuple)):
         return [json_safe(v) for v in x]
     return x
+
+
+def record_commit(path) -> None:
+    """Write the commit this code is at (and whether the tree had changes) into a results JSON
+    just written: every results file says what it ran on."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    path = Path(path)
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True,
+                              text=True).stdout.strip()
+
+    data = json.loads(path.read_text())
+    if isinstance(data, dict):
+        data = {"commit": git("rev-parse", "HEAD"),
+                "tree_changed": bool(git("status", "--porcelain", "--untracked-files=no")),
+                **{k: v for k, v in data.items() if k != "commit"}}
+        path.write_text(json.dumps(data, indent=1, default=str))

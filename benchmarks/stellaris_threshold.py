@@ -89,6 +89,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"config": config, "rows": rows,
                                                     "runs": runs}, indent=1, default=str))
+    from stats import record_commit
+    record_commit(out.with_suffix(".json"))
     lines = ["# Stellaris threshold floor (simulated learners)", "",
              f"`python benchmarks/stellaris_threshold.py --seeds {args.seeds}`; seeds "
              f"{config['seeds'][0]}-{config['seeds'][-1]}, horizon {args.horizon} learner-times,"

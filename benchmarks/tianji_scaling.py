@@ -136,6 +136,8 @@ def main() -> int:
            "table": table, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
+    from stats import record_commit
+    record_commit(Path(args.out))
     return 0
 
 
