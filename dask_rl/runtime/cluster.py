@@ -126,6 +126,7 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
 
 
 _deferred_dashboards: weakref.WeakSet = weakref.WeakSet()
+_deferred_lock = threading.Lock()   # PBT's members may ask at once: one attaches
 
 
 def attach_dashboard(client: Client) -> None:
@@ -133,9 +134,10 @@ def attach_dashboard(client: Client) -> None:
     background (Bokeh's import takes ~0.4 s of this process, while the workers run the first
     tasks); once per cluster, nothing for any other."""
     scheduler = getattr(getattr(client, "cluster", None), "scheduler", None)
-    if scheduler is None or scheduler not in _deferred_dashboards:
-        return
-    _deferred_dashboards.discard(scheduler)
+    with _deferred_lock:
+        if scheduler is None or scheduler not in _deferred_dashboards:
+            return
+        _deferred_dashboards.discard(scheduler)
     from dask_rl.runtime.dashboard import attach
 
     threading.Thread(target=attach, args=(scheduler,), name="dask-rl-dashboard",
