@@ -33,8 +33,9 @@ trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed depende
   the driver in between). At most ``max_learners`` slots run one at once, so no more learners
   are active than that; each of them may also have ``lookahead`` launch queued behind it (it
   waits on the slot's worker for the running one), so that its worker never waits for the
-  driver between two tasks. Under a synchronous strategy nothing is queued: a round's tasks all end
-  before the next round starts.
+  driver between two tasks. Under a synchronous strategy nothing is queued: a round's tasks
+  all end before the next round starts. Fused needs no more slots than ``max_learners`` (a
+  fused slot stays busy, so more would never start): with more, the policy runs them apart.
 
 Handles are opaque (Dask futures in the driver, strings in the tests), so every decision is
 tested with scripted events, as ``AdaptiveCore`` is in distributed.
@@ -204,6 +205,11 @@ class LaunchPolicy(Generic[T]):
             raise ValueError(f"slots must be >= 0, got {slots}")
         if slots > self.slots:   # a slot whose old task still runs is idle once it ends
             self.idle.extend(s for s in range(self.slots, slots) if s not in self.running_slots)
+        if self.fused and slots > self.max_learners and not self.running_slots:
+            # a fused slot stays busy (its next task is queued), so slots beyond max_learners
+            # would never start, and a synchronous round would hold fewer than all slots:
+            # with more slots than learners, rollouts and learners are tasks apart
+            self.fused = False
         self.slots = slots
         self.idle = [s for s in self.idle if s < slots]
 

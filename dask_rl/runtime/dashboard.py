@@ -11,7 +11,7 @@ At import (inside ``Scheduler.__init__``, before its HTTP server is built) the m
 the Bokeh application, adds ``rl`` to the navigation and the JSON route; at ``dask_setup`` it
 installs the collecting plugin on the scheduler. dask-rl's embedded cluster starts its
 scheduler without Bokeh (importing it is ~0.4 s, a quarter of the cluster's start) and
-:func:`attach` es the dashboard once the run's first tasks are out
+:func:`attach` starts the dashboard once the run's first tasks are out
 (:func:`dask_rl.runtime.cluster.attach_dashboard`).
 """
 
@@ -120,9 +120,13 @@ def attach(scheduler) -> None:
     import distributed.dashboard.scheduler as dashboard
 
     def connect() -> None:
-        dashboard.connect(scheduler.http_application, scheduler.http_server, scheduler,
-                          prefix="/")
-    scheduler.loop.add_callback(connect)
+        if scheduler.status.name in ("running", "init"):   # not one already closing
+            dashboard.connect(scheduler.http_application, scheduler.http_server, scheduler,
+                              prefix="/")
+    try:
+        scheduler.loop.add_callback(connect)
+    except RuntimeError:   # the run ended, and its cluster closed, before Bokeh was imported
+        logger.debug("the scheduler closed before its dashboard was attached")
 
 
 _install()

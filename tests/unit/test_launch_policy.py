@@ -310,3 +310,15 @@ def test_a_grown_slot_whose_old_task_still_runs_is_not_started_twice():
     assert p.decide().rollouts == []
     p.rollout_done(1, "b")
     assert p.decide().rollouts == [1]
+
+
+def test_fused_runs_apart_when_there_are_more_slots_than_learners():
+    # a fused slot stays busy, so slots beyond max_learners would never start and a sync
+    # round would hold fewer than all slots: with 4 slots and 2 learners, tasks are apart
+    p = LaunchPolicy(slots=0, max_learners=2, max_ready=2, fused=True)
+    p.resize(4)
+    launches = p.decide()
+    assert not launches.fused and sorted(launches.rollouts) == [0, 1, 2, 3]
+    q = LaunchPolicy(slots=0, max_learners=2, max_ready=2, fused=True, synchronous=True)
+    q.resize(2)
+    assert sorted(f.slot for f in q.decide().fused) == [0, 1]
