@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -59,7 +58,7 @@ def one_run(side: str, seed: int, args) -> dict:
 
 
 def main() -> int:
-    from stats import mean_ci, welch
+    from stats import mean_ci, record_commit, welch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=8)
@@ -80,8 +79,6 @@ def main() -> int:
     by = {s: [r["final_return"] for r in rows if r["side"] == s] for s in SIDES}
     steps = {s: [r["env_steps"] for r in rows if r["side"] == s] for s in SIDES}
     out = {"benchmark": "optimizer_state",
-           "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
-                                    capture_output=True).stdout.strip(),
            "command": " ".join(sys.argv), "pipeline": PIPELINE.name,
            "settings": vars(args), "sides": {}, "rows": rows}
     for s in SIDES:
@@ -93,6 +90,7 @@ def main() -> int:
     out["medians"] = {s: float(np.median(by[s])) for s in SIDES}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1, default=str))
     Path(args.out).write_text(json.dumps(out, indent=1))
+    record_commit(args.out)
     print(f"wrote {args.out}")
     return 0
 
