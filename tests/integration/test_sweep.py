@@ -84,8 +84,14 @@ def test_a_sweep_runs_trials_at_once_prunes_and_resumes_after_its_driver_is_kill
     spans = sorted(_span(t["run_dir"]) for t in finished)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans
     best = json.loads((tmp_path / "sweep" / "results.json").read_text())["best"]
+    # the best is the complete trial with the highest final greedy return, and it learned
+    # (a random CartPole policy returns ~20); whether 60k steps solve the task is PPO's claim,
+    # tested by the five-seed solve test, not the sweep's
+    values = [t["value"] for t in trials if t["state"] == "COMPLETE"]
+    assert best["value"] == max(values), (best, trials)
     summary = json.loads((Path(best["run_dir"]) / "summary.json").read_text())
-    assert summary["solved"], summary
+    assert summary["final_return"] == pytest.approx(best["value"])
+    assert best["value"] >= 200, summary
     best_cfg = yaml.safe_load((tmp_path / "sweep" / "best.yaml").read_text())
     assert best_cfg["learner"]["lr"] == pytest.approx(best["params"]["learner.lr"])
     assert best_cfg["algo"]["ent_coef"] == pytest.approx(best["params"]["algo.ent_coef"])
