@@ -16,7 +16,6 @@ and snapshots as every side of ``peers.py`` does (``common.Record``).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Normalized, Record  # noqa: E402
+from common import Normalized, Record, side_args  # noqa: E402
 
 DISCRETE = dict(num_envs=4, num_steps=128, epochs=4, minibatches=4, lr=2.5e-4, ent_coef=0.01)
 CONTINUOUS = dict(num_envs=1, num_steps=2048, epochs=10, minibatches=32, lr=3e-4, ent_coef=0.0)
@@ -90,15 +89,7 @@ def obs_moments(envs):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--env", required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--budget", type=int, required=True)
-    ap.add_argument("--cap-s", type=float, required=True)
-    ap.add_argument("--grid", type=int, required=True)
-    ap.add_argument("--spawn", type=float, required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = side_args()
     rec = Record(args.out, args.spawn, args.grid)
     probe = gym.make(args.env)
     discrete = isinstance(probe.action_space, gym.spaces.Discrete)

@@ -15,11 +15,46 @@ A side trains, and on its way:
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+
+
+def side_args() -> argparse.Namespace:
+    """The command line ``peers.py`` gives every side; ``--export`` is the step after the
+    timed run for the sides that turn their own checkpoints into snapshots."""
+    ap = argparse.ArgumentParser()
+    for a in ("--env", "--out"):
+        ap.add_argument(a, required=True)
+    for a in ("--seed", "--budget", "--grid"):
+        ap.add_argument(a, type=int, default=0)
+    ap.add_argument("--cap-s", type=float, default=0)
+    ap.add_argument("--spawn", type=float, default=time.time())
+    ap.add_argument("--export", action="store_true")
+    return ap.parse_args()
+
+
+def trace(greedy: torch.nn.Module, example: torch.Tensor, path: Path) -> None:
+    with torch.no_grad():
+        torch.jit.trace(greedy.eval(), example, check_trace=False).save(str(path))
+
+
+def write_snapshots(out: str | Path,
+                    taken: Iterable[tuple[int, float, torch.nn.Module, torch.Tensor]]) -> None:
+    """Snapshots made after the run from ``(env_steps, wall_s, greedy, example)``, each
+    traced as ``Record.snapshot`` would have, with ``snapshots.jsonl`` rewritten to list them."""
+    out = Path(out)
+    lines = []
+    for env_steps, wall_s, greedy, example in taken:
+        path = out / f"snapshot_{env_steps:010d}.pt"
+        trace(greedy, example, path)
+        lines.append({"env_steps": int(env_steps), "wall_s": wall_s, "file": path.name})
+    with open(out / "snapshots.jsonl", "w") as fh:
+        fh.writelines(json.dumps(x) + "\n" for x in lines)
 
 
 class Record:
@@ -52,8 +87,7 @@ class Record:
         t0 = time.perf_counter()
         wall = self.now() if wall_s is None else wall_s
         path = self.out / f"snapshot_{env_steps:010d}.pt"
-        with torch.no_grad():
-            torch.jit.trace(greedy.eval(), example, check_trace=False).save(str(path))
+        trace(greedy, example, path)
         self._snaps.write(json.dumps({"env_steps": int(env_steps), "wall_s": wall,
                                       "file": path.name}) + "\n")
         self._snaps.flush()

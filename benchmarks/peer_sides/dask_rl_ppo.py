@@ -17,7 +17,6 @@ with ``dask_rl.policy.Policy``: the greedy action behind the frozen observation 
 
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
 import sys
@@ -43,11 +42,10 @@ def train(args) -> None:
     from dask_rl.runtime.worker_start import warm_start
 
     warm_start()
+    from common import Record
+
     from dask_rl.runtime.cluster import connect
     from dask_rl.runtime.driver import Driver
-
-    sys.path.insert(0, str(HERE))
-    from common import Record
 
     rec = Record(args.out, args.spawn, args.grid)
     cfg = config(args.env, args.seed, args.budget, max(1.0, args.cap_s - rec.now()))
@@ -81,6 +79,7 @@ def train(args) -> None:
 
 def export(args) -> None:
     import torch
+    from common import write_snapshots
 
     from dask_rl.algos import registry
     from dask_rl.config import from_dict
@@ -93,34 +92,25 @@ def export(args) -> None:
     cfg = from_dict(json.loads((out / "side.json").read_text())["config"])
     obs_space, action_space = env_spaces(cfg.env)
     algorithm = registry.build(cfg.algo)
-    lines = []
-    for f in sorted((out / "raw").glob("*.pkl")):
-        raw = pickle.loads(f.read_bytes())
-        net = algorithm.make_model(obs_space, action_space, cfg.model,
-                                   normalize_obs=cfg.env.normalize_obs)
-        load_snapshot(net, PolicySnapshot(raw["version"], raw["params"], raw["moments"]))
-        policy = Policy(net, obs_space, action_space, cfg,
-                        deterministic_net=isinstance(net, DeterministicPolicy))
-        path = out / f"snapshot_{raw['env_steps']:010d}.pt"
-        example = torch.zeros((2, *obs_space.shape))
-        with torch.no_grad():
-            torch.jit.trace(policy, example, check_trace=False).save(str(path))
-        lines.append({"env_steps": raw["env_steps"], "wall_s": raw["wall_s"],
-                      "file": path.name})
-    with open(out / "snapshots.jsonl", "w") as fh:
-        fh.writelines(json.dumps(x) + "\n" for x in lines)
+
+    def taken():
+        for f in sorted((out / "raw").glob("*.pkl")):
+            raw = pickle.loads(f.read_bytes())
+            net = algorithm.make_model(obs_space, action_space, cfg.model,
+                                       normalize_obs=cfg.env.normalize_obs)
+            load_snapshot(net, PolicySnapshot(raw["version"], raw["params"], raw["moments"]))
+            policy = Policy(net, obs_space, action_space, cfg,
+                            deterministic_net=isinstance(net, DeterministicPolicy))
+            yield raw["env_steps"], raw["wall_s"], policy, torch.zeros((2, *obs_space.shape))
+
+    write_snapshots(out, taken())
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    for a in ("--env", "--out"):
-        ap.add_argument(a, required=True)
-    for a in ("--seed", "--budget", "--grid"):
-        ap.add_argument(a, type=int, default=0)
-    ap.add_argument("--cap-s", type=float, default=0)
-    ap.add_argument("--spawn", type=float, default=time.time())
-    ap.add_argument("--export", action="store_true")
-    args = ap.parse_args()
+    sys.path.insert(0, str(HERE))  # common.py, shared with the peers' venvs
+    from common import side_args
+
+    args = side_args()
     export(args) if args.export else train(args)
     return 0
 

@@ -15,7 +15,6 @@ The snapshot is the learner's module (the weights the next iteration's env runne
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Normalized, Record  # noqa: E402
+from common import Normalized, Record, side_args  # noqa: E402
 
 SETTINGS = {
     "CartPole": dict(
@@ -55,14 +54,7 @@ class Greedy(torch.nn.Module):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    for a in ("--env", "--out"):
-        ap.add_argument(a, required=True)
-    for a in ("--seed", "--budget", "--grid"):
-        ap.add_argument(a, type=int, required=True)
-    ap.add_argument("--cap-s", type=float, required=True)
-    ap.add_argument("--spawn", type=float, required=True)
-    args = ap.parse_args()
+    args = side_args()
     rec = Record(args.out, args.spawn, args.grid)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import gymnasium as gym

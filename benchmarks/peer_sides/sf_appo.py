@@ -18,17 +18,15 @@ TorchScript snapshot: the actor-critic with its frozen observation normaliser, g
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Normalized, Record  # noqa: E402
+from common import Normalized, Record, side_args, write_snapshots  # noqa: E402
 
 CARTPOLE = ["--algo=APPO", "--use_rnn=False", "--num_envs_per_worker=20",
             "--policy_workers_per_policy=2", "--recurrence=1", "--with_vtrace=False",
@@ -111,34 +109,22 @@ def export(args) -> None:
     space = env.action_space
     discrete = isinstance(space, gym.spaces.Discrete)
     obs_dim = env.observation_space["obs"].shape[0]
-    lines = []
-    for f in sorted((out / "sf" / "checkpoint_p0" / "milestones").glob("checkpoint_*.pth")):
-        steps = int(f.stem.split("_")[-1])
-        ac = create_actor_critic(cfg, env.observation_space, space)
-        ac.load_state_dict(torch.load(f, map_location="cpu", weights_only=False)["model"])
-        ac.eval()
-        head = Greedy(ac, get_rnn_size(cfg), None if discrete else space.shape[0])
-        greedy = Normalized(head) if discrete else Normalized(head, low=space.low,
-                                                               high=space.high)
-        path = out / f"snapshot_{steps:010d}.pt"
-        with torch.no_grad():
-            torch.jit.trace(greedy, torch.zeros((2, obs_dim)), check_trace=False).save(str(path))
-        lines.append({"env_steps": steps, "wall_s": f.stat().st_mtime - args.spawn,
-                      "file": path.name})
-    with open(out / "snapshots.jsonl", "w") as fh:
-        fh.writelines(json.dumps(x) + "\n" for x in lines)
+    def taken():
+        for f in sorted((out / "sf" / "checkpoint_p0" / "milestones").glob("checkpoint_*.pth")):
+            ac = create_actor_critic(cfg, env.observation_space, space)
+            ac.load_state_dict(torch.load(f, map_location="cpu", weights_only=False)["model"])
+            ac.eval()
+            head = Greedy(ac, get_rnn_size(cfg), None if discrete else space.shape[0])
+            greedy = Normalized(head) if discrete else Normalized(head, low=space.low,
+                                                                   high=space.high)
+            yield (int(f.stem.split("_")[-1]), f.stat().st_mtime - args.spawn, greedy,
+                   torch.zeros((2, obs_dim)))
+
+    write_snapshots(out, taken())
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    for a in ("--env", "--out"):
-        ap.add_argument(a, required=True)
-    for a in ("--seed", "--budget", "--grid"):
-        ap.add_argument(a, type=int, default=0)
-    ap.add_argument("--cap-s", type=float, default=0)
-    ap.add_argument("--spawn", type=float, default=time.time())
-    ap.add_argument("--export", action="store_true")
-    args = ap.parse_args()
+    args = side_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
     export(args) if args.export else train(args)
     return 0
