@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from dask_rl.algos.ppo import next_values
 from dask_rl.algos.vtrace import vtrace
@@ -143,3 +144,88 @@ def test_vtrace_lambda_is_the_explicit_sum_with_lambda_c(lam):
         acc = rewards[t, 0] + 0.9 * v_next[t] - values[t, 0] + 0.9 * lam * acc
         gae[t] = acc
     np.testing.assert_allclose(vs_on[:, 0], values[:, 0] + gae, atol=1e-9)
+
+
+class _TableCritic(torch.nn.Module):
+    """``value(obs)``: a table indexed by the observation's id (``obs[:, 0]``)."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = torch.tensor(table, dtype=torch.float32)
+
+    def value(self, obs):
+        return self.table[obs[:, 0].long()]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_impact_prepare_gives_vtrace_targets_of_the_target_policy_per_sample(seed):
+    """IMPACT.prepare's batch, per sample, against IMPALA Eq. (1) and Sec. 4.2 written out:
+    rho_t = min(rho_bar, pi_target/mu), c_i = lambda min(c_bar, pi_target/mu),
+    v_s = V(x_s) + sum_{t=s}^{e} gamma^{t-s} (prod_{i=s}^{t-1} c_i) rho_t
+          * (r_t + gamma V'_t - V(x_t)),
+    A_s = rho_s (r_s + gamma v'_{s+1} - V(x_s)), the sum stopping at the episode's end e
+    (V'_t: 0 after termination, V(final obs) after truncation, V(x_{t+1}) otherwise). The
+    ratios straddle 1 and rho_bar, c_bar, lambda are not 1, so a flipped log-ratio, the
+    behaviour policy as the target or a lost lambda fails."""
+    from dask_rl.algos.impact import IMPACT, IMPACTConfig
+    from dask_rl.data import Trajectory
+
+    rng = np.random.default_rng(seed)
+    T, N, gamma, lam, rho_bar, c_bar = 6, 2, 0.9, 0.8, 1.3, 0.9
+    ids = np.arange(T * N).reshape(T, N)             # x_t of env n has id ids[t, n]
+    last_ids = T * N + np.arange(N)                  # x_T
+    trunc_id = T * N + N                             # final obs of the truncated episode
+    table = rng.normal(0, 1, T * N + N + 1)
+    terminated = np.zeros((T, N), bool)
+    truncated = np.zeros((T, N), bool)
+    terminated[2, 0] = True
+    truncated[3, 1] = True
+    mu_logp = rng.normal(-1.0, 0.3, (T, N)).astype(np.float32)
+    tgt_logp = (mu_logp + rng.normal(0, 0.6, (T, N))).astype(np.float32)
+    rewards = rng.normal(0, 1, (T, N)).astype(np.float32)
+    traj = Trajectory(obs=ids[..., None].astype(np.float32),
+                      actions=np.zeros((T, N), np.int64), rewards=rewards,
+                      terminated=terminated, truncated=truncated, behaviour_logp=mu_logp,
+                      last_obs=last_ids[:, None].astype(np.float32),
+                      trunc_index=np.array([[3, 1]], np.int32),
+                      trunc_obs=np.array([[trunc_id]], np.float32), policy_version=0)
+    cfg = IMPACTConfig(gamma=gamma, gae_lambda=lam, rho_bar=rho_bar, c_bar=c_bar)
+    batch = IMPACT(cfg).prepare(traj, _TableCritic(table), device=torch.device("cpu"),
+                                rewards=rewards, target_logp=tgt_logp)
+
+    def V(i):
+        return float(np.float32(table[i]))
+
+    def V_next(t, n):
+        if terminated[t, n]:
+            return 0.0
+        if truncated[t, n]:
+            return V(trunc_id)
+        return V(ids[t + 1, n]) if t + 1 < T else V(last_ids[n])
+
+    for n in range(N):
+        ratio = [np.exp(float(tgt_logp[t, n]) - float(mu_logp[t, n])) for t in range(T)]
+        rho = [min(rho_bar, r) for r in ratio]
+        c = [lam * min(c_bar, r) for r in ratio]
+        delta = [rho[t] * (float(rewards[t, n]) + gamma * V_next(t, n) - V(ids[t, n]))
+                 for t in range(T)]
+        vs = []
+        for s in range(T):
+            total, coef, t = 0.0, 1.0, s
+            while True:
+                total += gamma ** (t - s) * coef * delta[t]
+                if terminated[t, n] or truncated[t, n] or t == T - 1:
+                    break
+                coef *= c[t]
+                t += 1
+            vs.append(V(ids[s, n]) + total)
+        for s in range(T):
+            ends = terminated[s, n] or truncated[s, n] or s == T - 1
+            v_after = V_next(s, n) if ends else vs[s + 1]
+            adv = rho[s] * (float(rewards[s, n]) + gamma * v_after - V(ids[s, n]))
+            k = s * N + n                              # flattened time-major
+            assert batch.returns[k].item() == pytest.approx(vs[s], rel=1e-4, abs=1e-5)
+            assert batch.advantages[k].item() == pytest.approx(adv, rel=1e-4, abs=1e-5)
+            assert batch.values[k].item() == pytest.approx(V(ids[s, n]), abs=1e-6)
+            assert batch.target_logp[k].item() == pytest.approx(float(tgt_logp[s, n]))
+            assert batch.logp[k].item() == pytest.approx(float(mu_logp[s, n]))

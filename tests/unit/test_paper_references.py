@@ -94,6 +94,31 @@ def test_ppo_loss_is_the_papers_clipped_objective_per_sample(seed):
     assert total.item() == pytest.approx(want, rel=1e-9)
 
 
+def test_ppo_default_normalises_advantages_per_minibatch_before_the_objective():
+    """The default ``norm_adv=True`` (CleanRL's deviation from Eq. 7): each minibatch's
+    advantages become (A - mean) / (sample std + 1e-8) before the clipped objective; written
+    out per sample, the mean and the n - 1 standard deviation by hand."""
+    d = _setup(11)
+    d["adv"] = d["adv"] * 3.0 + 2.0                 # far from zero mean, unit scale
+    eps = 0.2
+    cfg = PPOConfig(clip_coef=eps, vf_coef=0.0, ent_coef=0.0)
+    assert cfg.norm_adv
+    model = TableModel(d["logits"], d["values"])
+    _, stats = PPO(cfg).loss(model, _batch(d))
+    mean = sum(d["adv"]) / B
+    std = (sum((a - mean) ** 2 for a in d["adv"]) / (B - 1)) ** 0.5
+    pg = []
+    for k in range(B):
+        r = d["pi"][k] / d["mu"][k]
+        a = (d["adv"][k] - mean) / (std + 1e-8)
+        pg.append(-min(r * a, _clip(r, 1 - eps, 1 + eps) * a))
+    assert stats["losses/policy_loss"] == pytest.approx(np.mean(pg), rel=1e-9)
+    raw = np.mean([-min(d["pi"][k] / d["mu"][k] * d["adv"][k],
+                        _clip(d["pi"][k] / d["mu"][k], 1 - eps, 1 + eps) * d["adv"][k])
+                   for k in range(B)])
+    assert abs(stats["losses/policy_loss"] - raw) > 0.1   # the normalisation mattered
+
+
 # ---- IMPACT (Luo et al. 2020, Sec. 3.1) ----------------------------------------------------
 
 @pytest.mark.parametrize("seed", range(3))
