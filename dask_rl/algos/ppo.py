@@ -142,8 +142,10 @@ class PPO(LearnerAlgorithm):
     """PPO-clip: the objective ``L^{CLIP+VF+S}`` of Schulman et al. 2017 (Eq. 9, with
     ``L^CLIP`` of Eq. 7) on GAE advantages (Eq. 11-12; Schulman et al. 2016, Eq. 16).
 
-    Deviations, as in CleanRL's ``ppo.py``: the value loss is clipped around the behaviour
-    values (``clip_vloss``), advantages are normalised per minibatch (``norm_adv``), and with
+    Deviations, as in CleanRL's ``ppo.py``: the value loss is clipped (``clip_vloss``) around
+    the values of ``prepare`` (the learner's model before its update, not the behaviour
+    policy's: rollouts do not store values, so with stale samples the two differ; CleanRL's
+    are the same model), advantages are normalised per minibatch (``norm_adv``), and with
     ``learner.is_truncation`` each sample's importance weight is Stellaris' ``R'``
     (:mod:`dask_rl.staleness.truncation`).
     """

@@ -219,7 +219,7 @@ class ParameterActor:
     def push(self, delta: np.ndarray, version: int, learner_id: str, *,
              opt_state: dict | None = None, moments: dict | None = None,
              finite_loss: bool = True, seq: int | None = None, epoch: str | None = None,
-             run: str | None = None, samples: int = 0, stale_samples: int = 0) -> PushAck:
+             run: str | None = None, samples: int = 0, sample_lag: int = 0) -> PushAck:
         """A learner's parameter delta (the strategy's *gradient*), computed on ``version``.
         Returns what became of it.
 
@@ -227,8 +227,8 @@ class ParameterActor:
         exactly-once: a repeat, another epoch's or another run's push is ``refused`` (nothing
         of it is applied or merged). A delta with NaN or infinite values, of the wrong size, or
         from a learner whose loss was not finite is ``rejected``: counted, never applied.
-        ``samples`` and ``stale_samples`` (collected by a policy older than ``version``) tell
-        the strategy how stale the gradient's data was (TianJi's ``P``).
+        ``samples`` and ``sample_lag`` (versions from the policy that collected them to
+        ``version``) tell the strategy how stale the gradient's data was (TianJi's ``P``).
         """
         t0 = time.perf_counter()
         self.pushes += 1
@@ -261,7 +261,7 @@ class ParameterActor:
         self.gradients[gid] = (delta, opt_state)
         staleness = self.strategy.version - version
         decisions = self.strategy.on_gradient(Arrival(gid, learner_id, version, int(samples),
-                                                      int(stale_samples)))
+                                                      int(sample_lag)))
         self._execute(decisions)
         self.apply_s += time.perf_counter() - t0
         weight = next((w for d in decisions for i, w in d.apply if i == gid), None)

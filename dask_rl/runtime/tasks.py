@@ -175,8 +175,7 @@ def _learn(run: str, state: Any, traj: Trajectory, actor: Any, learner_id: str, 
                      opt_state=update.opt_state, moments=traj.moments if first_use else None,
                      finite_loss=update.finite, seq=seq, epoch=actor.epoch, run=run,
                      samples=traj.env_steps,
-                     stale_samples=traj.env_steps if traj.policy_version < snapshot.version
-                     else 0)
+                     sample_lag=max(0, snapshot.version - traj.policy_version))
     t_pushed = time.perf_counter()
     return LearnerReport(
         ack=ack, version_pulled=snapshot.version,

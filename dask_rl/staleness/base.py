@@ -43,7 +43,7 @@ class Arrival:
     learner_id: str
     version: int       # the parameter version the learner pulled
     samples: int = 0        # env steps the gradient learned from (0: not reported)
-    stale_samples: int = 0  # of those, collected by a policy older than ``version``
+    sample_lag: int = 0     # versions from the policy that collected them to ``version``
 
 
 @dataclass(frozen=True)

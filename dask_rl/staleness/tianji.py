@@ -6,13 +6,17 @@ it arrives (TianJi relaxes the learner's dependencies: nothing waits), with the 
 ``1 / (1 + lambda * P)`` and the server step ``alpha0``.
 
 **Deviation:** for on-policy learners (no buffer to sample) ``P`` is the share of recently
-learned samples that are stale — collected by a policy older than the parameters the learner
-started from:
+learned samples that are stale — collected by a policy more than ``lag_tolerance`` versions
+older than the parameters the learner started from:
 
-    P = sum_j stale_j / sum_j samples_j    over the last ``window`` gradients, j included.
+    P = sum_j stale_j / sum_j samples_j    over the last ``window`` gradients, j included,
+    stale_j = samples_j if lag_j > lag_tolerance else 0,
 
-Why, and its measured limit (it saturates near 1 when rollouts run beside the learners):
-``docs/decisions/tianji-on-policy-p.md``.
+``lag_j`` the versions between the policy that collected gradient j's samples and the version
+its learner pulled. ``lag_tolerance = 0`` is the strict rule (any lag is stale); it saturates
+near 1 when rollouts run beside the learners, since a rollout sampled while the previous
+gradient was applied is one version behind. The default 1 counts that unavoidable lag as fresh.
+Why, and what was measured: ``docs/decisions/tianji-on-policy-p.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class TianjiConfig(AggregationConfig):
     lam: float = option(1.0, "lambda in alpha0 / (1 + lambda P)", ge=0)
     window: int = option(16, "gradients over which P, the share of stale samples, is "
                              "measured", ge=1)
+    lag_tolerance: int = option(1, "versions a sample's policy may lag the learner's "
+                                   "parameters and still count as fresh in P", ge=0)
 
 
 def step_scale(stale_share: float, lam: float) -> float:
@@ -57,7 +63,8 @@ class Tianji(Strategy):
 
     def on_gradient(self, arrival: Arrival) -> list[Decision]:
         if arrival.samples > 0 and arrival.version >= self.valid_from:
-            self.recent.append((arrival.samples, min(arrival.stale_samples, arrival.samples)))
+            stale = arrival.samples if arrival.sample_lag > self.cfg.lag_tolerance else 0
+            self.recent.append((arrival.samples, stale))
         return super().on_gradient(arrival)
 
     def decide(self) -> Decision:

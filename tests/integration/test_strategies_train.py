@@ -153,17 +153,19 @@ def test_tianji_step_follows_the_measured_share_of_stale_samples(pipelines, tmp_
     """4 learners on 2 workers x 2 threads, so that learners start from parameters newer than
     the policy that collected their data. Every gradient is applied on arrival, and its weight
     is 1 / (1 + lambda P), P recomputed here from the learner records: the share of stale
-    samples (policy lag > 0) over the last `window` gradients, in the order applied."""
+    samples (policy lag > `lag_tolerance`) over the last `window` gradients, in the order
+    applied."""
     from distributed import Client, LocalCluster
 
-    lam, window = 2.0, 4
+    lam, window, tolerance = 2.0, 4, 1
     run = tmp_path / "tianji"
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=None,
                       silence_logs=50) as cluster, Client(cluster) as client:
         dask_rl.train(pipelines / "ppo_cartpole_tianji.yaml", client=client, run_dir=run,
                       overrides=["stop.env_steps=40000", "stop.solve_on_target=false",
                                  "stop.eval_every_updates=0", "checkpoint.every_s=0",
-                                 f"aggregation.lam={lam}", f"aggregation.window={window}"])
+                                 f"aggregation.lam={lam}", f"aggregation.window={window}",
+                                 f"aggregation.lag_tolerance={tolerance}"])
     learners = sorted(_records(run, "learner"), key=lambda r: r["version_after"])
     assert len(learners) >= 20 and all(r["status"] == "applied" for r in learners)
     assert [r["version_after"] for r in learners] == list(range(1, len(learners) + 1))
@@ -171,7 +173,7 @@ def test_tianji_step_follows_the_measured_share_of_stale_samples(pipelines, tmp_
     shares = []
     for r in learners:
         n = r["trajectory_steps"]
-        samples.append((n, n if r["policy_lag"] > 0 else 0))
+        samples.append((n, n if r["policy_lag"] > tolerance else 0))
         recent = samples[-window:]
         p = sum(s for _, s in recent) / sum(n for n, _ in recent)
         shares.append(p)

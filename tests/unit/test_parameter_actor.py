@@ -211,9 +211,11 @@ def test_tianji_step_is_the_one_applied_to_the_parameters():
     """alpha0 / (1 + lambda P) reaches theta: with plain SGD, theta moves by exactly that."""
     a = ParameterActor(np.zeros(2, np.float32), TianjiConfig(alpha0=0.5, lam=3.0))
     a.pull(learner_id="A")
-    ack = a.push(np.ones(2, np.float32), 0, "A", samples=40, stale_samples=10)  # P = 0.25
+    a.push(np.ones(2, np.float32), 0, "A", samples=30, sample_lag=1)    # fresh: P = 0, step 0.5
+    a.pull(learner_id="B")
+    ack = a.push(np.ones(2, np.float32), 1, "B", samples=10, sample_lag=2)  # P = 10/40
     assert ack.status == "applied" and ack.weight == pytest.approx(1 / 1.75)
-    np.testing.assert_allclose(a.pull().params, -0.5 / 1.75 * np.ones(2), rtol=1e-6)
+    np.testing.assert_allclose(a.pull().params, (-0.5 - 0.5 / 1.75) * np.ones(2), rtol=1e-6)
 
 
 def test_the_target_network_is_the_parameters_of_every_target_every_th_version():

@@ -349,40 +349,53 @@ def test_stellaris_auto_decay_follows_reward_progress():
 # ---- TianJi ---------------------------------------------------------------------------------
 
 def test_tianji_step_follows_the_share_of_stale_samples_by_hand():
-    """alpha_eff / alpha = 1 / (1 + lambda P), P over the last `window` gradients' samples."""
-    s = make_strategy(TianjiConfig(lam=2.0, window=2), learners=4)
+    """alpha_eff / alpha = 1 / (1 + lambda P), P over the last `window` gradients' samples;
+    a gradient's samples are stale when their policy lags by more than `lag_tolerance`."""
+    s = make_strategy(TianjiConfig(lam=2.0, window=2, lag_tolerance=1), learners=4)
     for lid in "abcde":
         s.on_learner_started(lid, 0)
-    [d] = s.on_gradient(Arrival(0, "a", 0, samples=100, stale_samples=0))    # P = 0
+    [d] = s.on_gradient(Arrival(0, "a", 0, samples=100, sample_lag=1))  # fresh: P = 0
     assert d.apply == ((0, 1.0),)
-    [d] = s.on_gradient(Arrival(1, "b", 0, samples=100, stale_samples=100))  # P = 100/200
+    [d] = s.on_gradient(Arrival(1, "b", 0, samples=100, sample_lag=2))  # P = 100/200
     assert d.apply == ((1, pytest.approx(1 / 2)),)
-    [d] = s.on_gradient(Arrival(2, "c", 0, samples=50, stale_samples=50))    # P = 150/150
+    [d] = s.on_gradient(Arrival(2, "c", 0, samples=50, sample_lag=5))   # P = 150/150
     assert d.apply == ((2, pytest.approx(1 / 3)),)
-    [d] = s.on_gradient(Arrival(3, "d", 0))                                   # unreported
+    [d] = s.on_gradient(Arrival(3, "d", 0))                              # unreported
     assert d.apply == ((3, pytest.approx(1 / 3)),) and s.ratio == 1.0
-    [d] = s.on_gradient(Arrival(4, "e", 0, samples=150, stale_samples=0))    # P = 50/200
+    [d] = s.on_gradient(Arrival(4, "e", 0, samples=150, sample_lag=0))  # P = 50/200
     assert d.apply == ((4, pytest.approx(1 / 1.5)),)
     assert s.metrics()["tianji/P"] == pytest.approx(0.25)
     assert s.last_update["lr_scale"] == pytest.approx(1 / 1.5)
     assert s.stats.staleness_sum == 0 + 1 + 2 + 3 + 4  # applied on arrival: never waits
 
 
+@pytest.mark.parametrize("tolerance", [0, 1, 3])
+def test_tianji_lag_tolerance_separates_fresh_from_stale(tolerance):
+    """A lag equal to the tolerance is fresh, one more is stale; tolerance 0 is the strict
+    rule (any lag at all is stale)."""
+    fresh = make_strategy(TianjiConfig(lag_tolerance=tolerance), learners=1)
+    fresh.on_learner_started("a", 0)
+    fresh.on_gradient(Arrival(0, "a", 0, samples=10, sample_lag=tolerance))
+    stale = make_strategy(TianjiConfig(lag_tolerance=tolerance), learners=1)
+    stale.on_learner_started("a", 0)
+    stale.on_gradient(Arrival(0, "a", 0, samples=10, sample_lag=tolerance + 1))
+    assert (fresh.ratio, stale.ratio) == (0.0, 1.0)
+
+
 def test_tianji_against_per_sample_reference():
-    """Random pushes; the reference expands every gradient into per-sample stale flags."""
+    """Random pushes; the reference flags every sample by its own policy's lag."""
     rng = np.random.default_rng(3)
-    lam, window = 0.7, 5
-    s = make_strategy(TianjiConfig(lam=lam, window=window), learners=8)
+    lam, window, tolerance = 0.7, 5, 2
+    s = make_strategy(TianjiConfig(lam=lam, window=window, lag_tolerance=tolerance),
+                      learners=8)
     flags: list[list[bool]] = []  # one list of per-sample flags per reporting gradient
     for gid in range(200):
         s.on_learner_started(f"L{gid}", s.version)
         n = int(rng.integers(0, 40))
-        stale = int(rng.integers(0, n + 1)) if n else 0
-        [d] = s.on_gradient(Arrival(gid, f"L{gid}", s.version, samples=n, stale_samples=stale))
+        lag = int(rng.integers(0, 6))
+        [d] = s.on_gradient(Arrival(gid, f"L{gid}", s.version, samples=n, sample_lag=lag))
         if n:
-            per_sample = [True] * stale + [False] * (n - stale)
-            rng.shuffle(per_sample)
-            flags.append(per_sample)
+            flags.append([lag > tolerance for _ in range(n)])
         recent = [f for g in flags[-window:] for f in g]
         p = sum(recent) / len(recent) if recent else 0.0
         assert d.apply == ((gid, pytest.approx(1.0 / (1.0 + lam * p))),)
@@ -391,18 +404,20 @@ def test_tianji_against_per_sample_reference():
 def test_tianji_state_keeps_its_window():
     s = make_strategy(TianjiConfig(window=3), learners=2)
     s.on_learner_started("a", 0)
-    s.on_gradient(Arrival(0, "a", 0, samples=10, stale_samples=4))
+    s.on_gradient(Arrival(0, "a", 0, samples=10, sample_lag=0))
+    s.on_learner_started("b", 0)
+    s.on_gradient(Arrival(1, "b", 0, samples=30, sample_lag=2))
     t = make_strategy(TianjiConfig(window=3), learners=2)
     t.load_state_dict(s.state_dict())
-    assert t.ratio == pytest.approx(0.4)
-    t.on_learner_started("b", 1)
-    [d] = t.on_gradient(Arrival(0, "b", 1, samples=10, stale_samples=0))
-    assert d.apply == ((0, pytest.approx(1 / (1 + 0.2))),)
+    assert t.ratio == pytest.approx(0.75)
+    t.on_learner_started("c", 2)
+    [d] = t.on_gradient(Arrival(2, "c", 2, samples=40, sample_lag=0))
+    assert d.apply == ((2, pytest.approx(1 / (1 + 30 / 80))),)
 
 
 def test_tianji_ignores_superseded_gradients_in_its_ratio():
     s = make_strategy(TianjiConfig(), learners=2)
     s.on_learner_started("a", 0)
     s.on_replaced()
-    [d] = s.on_gradient(Arrival(0, "a", 0, samples=10, stale_samples=10))
+    [d] = s.on_gradient(Arrival(0, "a", 0, samples=10, sample_lag=10))
     assert d.drop == (0,) and s.ratio == 0.0
