@@ -89,8 +89,10 @@ STRATEGY_SETTINGS = {
     "stellaris-no-is": ["aggregation.strategy=stellaris", "learner.is_truncation=false"],
     "stellaris-auto": ["aggregation.strategy=stellaris", "aggregation.decay=auto",
                        "learner.is_truncation=true"],
-    # TianJi's step alpha0 / (1 + lambda P), P the share of stale samples (lambda 1)
-    "tianji": ["aggregation.strategy=tianji", "learner.is_truncation=false"],
+    # TianJi's step alpha0 / (1 + lambda P), P the share of stale samples (lambda 1); the
+    # recorded rows ran the strict P (any lag stale), since made the option lag_tolerance=0
+    "tianji": ["aggregation.strategy=tianji", "aggregation.lag_tolerance=0",
+               "learner.is_truncation=false"],
     "async": ["aggregation.strategy=async", "learner.is_truncation=false"],
     "ssp": ["aggregation.strategy=ssp", "aggregation.bound=3", "learner.is_truncation=false"],
     "softsync": ["aggregation.strategy=softsync", "aggregation.n=2",
