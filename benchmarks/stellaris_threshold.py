@@ -1,13 +1,15 @@
-"""Stellaris' threshold floor: what beta_k = delta_max d^k does once it decays below 2.
+"""Stellaris' threshold floor: what beta_k = delta_max d^k does once it decays toward 0.
 
-The paper's threshold ``beta_k = delta_max * d^k`` (d = 0.96) has no floor. Staleness is an
-integer, so once ``beta_k`` falls below 1 every stale gradient waits, and below 2 every
-gradient two or more versions stale waits — for fresher gradients, or for the buffer to hold
-one gradient per learner. This compares floors 0 (the paper as written), 1 and 2 (the default,
-the released code's ``bound >= 1`` under a ``<=`` test) on the discrete-event model of
-``simulate_scale.py`` — the real strategy code driven by N simulated learners on a noisy
-quadratic — over several seeds, reporting mean and 95% CI of: updates per time unit, final
-error (relative to the start), mean applied staleness, and how the updates were released.
+The paper's threshold ``beta_k = delta_max * d^k`` (d = 0.96) has no floor: ``beta_k`` goes to
+0, and with the paper's strict ``delta < beta_k`` every stale buffer waits — for fresher
+gradients, or for the buffer to hold one gradient per learner. The engine's gate is
+``delta < beta_k`` or ``delta <= floor``: the released code aggregates on ``mean <= bound``
+with ``bound >= 1``, so floor 1 (the default) is that gate at its lowest bound. This compares
+floors 0 (the paper as written, except that an all-fresh buffer never waits), 1 and 2 on the
+discrete-event model of ``simulate_scale.py`` — the real strategy code driven by N simulated
+learners on a noisy quadratic — over several seeds, reporting mean and 95% CI of: updates per
+time unit, final error (relative to the start), mean applied staleness, and how the updates
+were released.
 
     python benchmarks/stellaris_threshold.py [--seeds 5] [--learners 4 16 64]
 

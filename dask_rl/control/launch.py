@@ -9,12 +9,13 @@ trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed depende
 * **Learners on demand.** A learner is launched on each trajectory as it becomes ready, at
   most ``max_learners`` at once; when no fresh trajectory waits, an off-policy algorithm replays
   one from its :class:`~dask_rl.control.replay.TrajectoryReplay` (never while the run is
-  stopping).
+  stopping, except in a synchronous round's drain: the round's replays belong to it).
 * **Rollouts never wait for learners**, except in two cases. *Backpressure*: while
   ``max_ready`` trajectories already wait for a learner, finished slots stay idle instead of
   growing an unbounded queue. *Synchronous rounds* (``synchronous``, the sync baseline): idle
   slots are resubmitted together only once everything the round collected has been learned,
-  so the next round acts with the version the previous round's update produced.
+  replays included, so the next round acts with the version the previous round's update
+  produced.
 * **Slots follow the cluster.** :meth:`resize` adds idle slots or retires the highest ones
   (their running tasks finish; they are not resubmitted).
 * **Sampled learners** (``sampled``, value-based algorithms on a replay buffer: TianJi's
@@ -25,8 +26,9 @@ trajectories. The rules (Stellaris' on-demand learners, TianJi's relaxed depende
 * **Pausing** (:meth:`pause`, :meth:`resume`) holds the policy still: nothing new starts, what
   runs finishes, ready trajectories wait. The driver pauses to confirm a target on the policy
   it would keep.
-* **A round** is one trajectory learned per slot; :meth:`learner_done` says when one ended, so
-  the strategy can adapt (Stellaris' threshold decays per round).
+* **A round** is one trajectory learned per slot for the first time (a replay learns an old
+  one again: it is no collection round's); :meth:`learner_done` says when one ended, so the
+  strategy can adapt (Stellaris' threshold decays once per round, whatever the replays).
 * **Learners fed where the data is** (``fused``, an on-policy algorithm without replay): a
   slot's launch is one task that collects its trajectory and learns from it on the same
   worker (Stellaris' learner launched on the batch the moment it is ready, with no trip to
@@ -162,8 +164,11 @@ class LaunchPolicy(Generic[T]):
         self._rollout_ended(slot)
 
     def learner_done(self, first_use: bool) -> bool:
-        """A learner finished; True when that completed a round (one trajectory per slot)."""
+        """A learner finished; True when that completed a round (one trajectory per slot
+        learned for the first time: replays do not count)."""
         self._learner_ended(first_use)
+        if not first_use:
+            return False
         self.learned += 1
         return self.slots > 0 and self.learned % self.slots == 0
 
@@ -257,7 +262,8 @@ class LaunchPolicy(Generic[T]):
         if not self.stopping:
             return False
         if self.draining:
-            return not (self.running_slots or self.learners or self.ready)
+            owed = self.synchronous and self.replay is not None and len(self.replay) > 0
+            return not (self.running_slots or self.learners or self.ready or owed)
         return True
 
     @property
@@ -289,7 +295,7 @@ class LaunchPolicy(Generic[T]):
                 trajectory, first_use = self.ready.popleft(), True
                 if self.replay is not None:
                     self.replay.add(trajectory)
-            elif self.replay is not None and not self.stopping:
+            elif self.replay is not None and (not self.stopping or self.synchronous):
                 replayed = self.replay.next()
                 if replayed is None:
                     break

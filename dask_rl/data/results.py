@@ -23,6 +23,7 @@ class PolicySnapshot:
     moments: dict | None = None             # running statistics {"obs": ..., "return": ...}
     opt_state: dict | None = None           # learners' Adam moments {"m", "v", "t"}
     target_params: np.ndarray | None = None  # the target network (Needs.target_network_every)
+    target_moments: dict | None = None       # ... and the statistics it was taken with
 
     def __sizeof__(self) -> int:
         extra = sum(m.nbytes for m in (self.moments or {}).values())
@@ -30,6 +31,8 @@ class PolicySnapshot:
             extra += self.opt_state["m"].nbytes + self.opt_state["v"].nbytes
         if self.target_params is not None:
             extra += self.target_params.nbytes
+        if self.target_moments is not None and self.target_moments is not self.moments:
+            extra += sum(m.nbytes for m in self.target_moments.values())
         return self.params.nbytes + extra + 128
 
 

@@ -242,11 +242,14 @@ class Learner:
 
     @torch.no_grad()
     def _target_logp(self, snapshot: PolicySnapshot, traj: Trajectory) -> np.ndarray | None:
-        """log pi_target(a|s) of the batch's actions, if the actor keeps a target network."""
+        """log pi_target(a|s) of the batch's actions, if the actor keeps a target network:
+        its parameters under the observation statistics it was taken with."""
         if snapshot.target_params is None:
             return None
+        moments = snapshot.target_moments if snapshot.target_moments is not None \
+            else snapshot.moments
         load_snapshot(self.model, PolicySnapshot(snapshot.version, snapshot.target_params,
-                                                 snapshot.moments))
+                                                 moments))
         obs = torch.as_tensor(traj.obs, device=self.device)
         actions = torch.as_tensor(traj.actions, device=self.device)
         n = traj.num_steps * traj.num_envs

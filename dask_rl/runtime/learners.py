@@ -11,7 +11,9 @@ A learner task pulls the current parameters, computes its gradients where the tr
 and pushes them to the parameter actor, whose strategy gates them; the driver gets back a small
 :class:`~dask_rl.data.LearnerReport`. Under a synchronous strategy a round's learners are
 announced before its rollouts start (:meth:`LearnerTasks.announce`), so that the barrier waits
-for every one of them, even one whose trajectory is never collected.
+for every one of them, even one whose trajectory is never collected; with replay (IMPACT's
+buffer), each trajectory's replays are the round's learners too, announced with it, so that
+an update averages a whole round, first uses and replays, all computed on the same version.
 """
 
 from __future__ import annotations
@@ -36,18 +38,27 @@ class LearnerTasks:
         # synchronous rounds: the learner each slot's trajectory will get, announced up front
         self.round: dict[int, str] = {}
         self.of_trajectory: dict[Future, str] = {}
+        # ... and the round's replay learners, announced with it, taken as replays start
+        self.round_replays: list[str] = []
 
     def _next_id(self) -> str:
         self.seq += 1
         return f"L{self.seq}"
 
     def announce(self, slots: list[int]) -> None:
-        """A synchronous round starts: one learner per slot, announced to the actor."""
+        """A synchronous round starts: one learner per slot and, with replay, its replays,
+        announced to the actor."""
+        d = self.driver
+        if self.round_replays:  # replays the last round never started (a trajectory evicted)
+            d.actor_call("release_learners", self.round_replays, on_loss="skip")
+            self.round_replays = []
         for slot in slots:
             self.round[slot] = self._next_id()
+        replays = d.replay.replay - 1 if d.replay is not None else 0
+        self.round_replays = [self._next_id() for _ in range(replays * len(slots))]
         # skipped on loss: the recovery drops this round, a new one is announced
-        self.driver.actor_call("expect_learners", [self.round[s] for s in slots],
-                               on_loss="skip")
+        d.actor_call("expect_learners", [self.round[s] for s in slots] + self.round_replays,
+                     on_loss="skip")
 
     def collected(self, slot: int, trajectory: Future) -> None:
         """A round's trajectory came: the learner announced for its slot takes it."""
@@ -55,14 +66,21 @@ class LearnerTasks:
             self.of_trajectory[trajectory] = self.round.pop(slot)
 
     def slot_lost(self, slot: int) -> None:
-        """A round's rollout failed: its learner will never come."""
+        """A round's rollout failed: its learner, and its replays, will never come."""
         if slot in self.round:
-            self.driver.actor_call("learner_lost", self.round.pop(slot), on_loss="skip")
+            d = self.driver
+            d.actor_call("learner_lost", self.round.pop(slot), on_loss="skip")
+            replays = d.replay.replay - 1 if d.replay is not None else 0
+            gone, self.round_replays = (self.round_replays[:replays],
+                                        self.round_replays[replays:])
+            if gone:
+                d.actor_call("release_learners", gone, on_loss="skip")
 
     def clear(self) -> None:
         """The actor was replaced: every announced round is gone with it."""
         self.round.clear()
         self.of_trajectory.clear()
+        self.round_replays = []
 
     def learning_rate(self) -> float:
         d = self.driver
@@ -109,7 +127,10 @@ class LearnerTasks:
         sampled learner on the replay buffer."""
         d = self.driver
         cfg = d.cfg.learner
-        lid = self.of_trajectory.pop(trajectory, None) if first_use else None
+        if first_use:
+            lid = self.of_trajectory.pop(trajectory, None)
+        else:
+            lid = self.round_replays.pop(0) if self.round_replays else None
         if lid is None:
             lid = self._next_id()
         seq = int(lid[1:])

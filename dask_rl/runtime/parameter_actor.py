@@ -116,6 +116,9 @@ class ParameterActor:
         self.opt_state: dict | None = None
         self.target_every = target_every
         self.target = self.current.params if target_every else None
+        # the observation statistics the target network was taken with: its policy is
+        # pi_target only under the normaliser it had
+        self.target_moments = self.current.moments if target_every else None
         self.history: OrderedDict[int, PolicySnapshot] = OrderedDict()
         self.learning: dict[str, int] = {}  # learners computing now -> version they pulled
         self.published: dict[str, np.ndarray] = {}  # their current local parameters
@@ -156,7 +159,8 @@ class ParameterActor:
             self.counts.rollout_loads += 1
         if learner_state:
             return PolicySnapshot(cur.version, cur.params, cur.moments,
-                                  self.opt_state if opt_state else None, self.target)
+                                  self.opt_state if opt_state else None, self.target,
+                                  self.target_moments)
         return cur
 
     @_locked
@@ -287,6 +291,14 @@ class ParameterActor:
         return self.current.version
 
     @_locked
+    def release_learners(self, learner_ids: list[str]) -> int:
+        """Learners announced for a synchronous round that will never start (a replay whose
+        trajectory is gone): barriers stop waiting for them; nothing is counted."""
+        for learner_id in learner_ids:
+            self._execute(self.strategy.on_learner_released(learner_id))
+        return self.current.version
+
+    @_locked
     def round_end(self, **signals: float) -> dict:
         """The driver finished a training round; returns the metrics after it."""
         t0 = time.perf_counter()
@@ -306,8 +318,11 @@ class ParameterActor:
                                       state.get("moments") or self.current.moments)
         self.opt_state = state.get("learner_opt")
         if self.target_every:
-            self.target = state.get("target") if state.get("target") is not None \
-                else self.current.params
+            if state.get("target") is not None:
+                self.target = state["target"]
+                self.target_moments = state.get("target_moments") or state.get("moments")
+            else:
+                self.target, self.target_moments = self.current.params, self.current.moments
         self._remember(self.current)
         return self.current.version
 
@@ -335,8 +350,8 @@ class ParameterActor:
                      for k, v in self.optimizer.state_dict().items()}
         return {"params": cur.params, "version": cur.version, "moments": cur.moments,
                 "optimizer": optimizer, "learner_opt": self.opt_state, "target": self.target,
-                "strategy": self.strategy.state_dict(), **self.counts.state(),
-                "seen": self.once.state()}
+                "target_moments": self.target_moments, "strategy": self.strategy.state_dict(),
+                **self.counts.state(), "seen": self.once.state()}
 
     @_locked
     def load_state_dict(self, state: dict) -> int:
@@ -346,12 +361,14 @@ class ParameterActor:
         self.opt_state = state.get("learner_opt")
         if self.target_every:
             self.target = state.get("target")
+            # a checkpoint from before the target kept its statistics: the current ones
+            self.target_moments = state.get("target_moments") or state.get("moments")
         self.counts = Counters.from_state(state)
         self.once.load_state(state.get("seen", ()))
         self.current = PolicySnapshot(int(state["version"]), np.array(state["params"], np.float32),
                                       state.get("moments"))
         if self.target_every and self.target is None:
-            self.target = self.current.params
+            self.target, self.target_moments = self.current.params, self.current.moments
         if self.current.version != self.strategy.version:
             raise ValueError(f"parameter version {self.current.version} does not match the "
                              f"strategy's version {self.strategy.version}")
@@ -391,7 +408,7 @@ class ParameterActor:
             self.opt_state = mean_adam_state(states)
         self.current = PolicySnapshot(cur.version + 1, params, cur.moments)
         if self.target_every and self.current.version % self.target_every == 0:
-            self.target = params
+            self.target, self.target_moments = params, cur.moments
         self._remember(self.current)
 
     def _remember(self, snap: PolicySnapshot) -> None:

@@ -7,11 +7,14 @@ Aggregation").
   round; counting from the first stale round instead means the decay starts when staleness
   does), ``d = decay`` (0.96 in the paper). Before that round the threshold is infinite, i.e.
   pure asynchrony while nothing is stale. **Deviation: a floor.** ``beta_k`` never falls
-  below ``threshold_floor`` (default 1, as the released code's bound): without one it decays
-  to 0 and even a buffer of one fresh and one 1-stale gradient waits
-  (``docs/decisions/stellaris-threshold-floor.md``, with the measurements).
+  below ``threshold_floor`` (default 1), and a buffer whose mean staleness is at most the
+  floor never waits: the released code's gate, ``mean <= bound`` with ``bound >= 1``, at its
+  lowest bound. Without a floor ``beta_k`` decays to 0 and even a buffer of one fresh and one
+  1-stale gradient waits (``docs/decisions/stellaris-threshold-floor.md``, with the
+  measurements).
 * **Gate**: an arriving gradient joins the buffer; the buffer is aggregated when its
-  mean staleness is below ``beta_k``, otherwise it waits for fresher gradients — but never
+  mean staleness is below ``beta_k`` (the paper's ``delta < beta_k``) or at most the floor,
+  otherwise it waits for fresher gradients — but never
   longer than the learners allow: it is aggregated anyway once no learner is computing (no
   fresher gradient can come) or once it holds one gradient per allowed learner. Staleness is
   measured against the version, which only moves on aggregation, so waiting never makes a
@@ -55,7 +58,7 @@ class StellarisConfig(AggregationConfig):
                                             gt=0, le=1)
     smoothness: float = option(3.0, "v in the step alpha0 / delta^(1/v)", gt=0)
     threshold_floor: float = option(1.0, "the least beta_k may decay to: a buffer whose mean "
-                                         "staleness is below it never waits", ge=0)
+                                         "staleness is at most it never waits", ge=0)
 
 AUTO_START, AUTO_MIN, AUTO_MAX, AUTO_RATE, REWARD_EMA = 0.96, 0.90, 0.999, 0.25, 0.3
 
@@ -120,7 +123,7 @@ class Stellaris(Strategy):
             return WAIT
         stale = {i: self.staleness(a) for i, a in self.buffer.items()}
         mean = sum(stale.values()) / len(stale)
-        if mean < self.beta:
+        if mean < self.beta or mean <= self.cfg.threshold_floor:
             reason = "below"
         elif not self.active:
             reason = "idle"   # no learner is computing: no fresher gradient can come

@@ -85,8 +85,11 @@ def test_a_queued_task_waits_for_its_slots_environments(tmp_path):
     learned = _accounted(summary, records)
     waited = [r["rollout/slot_wait_s"] for r in learned]
     collect = sorted(r["rollout/collect_s"] for r in learned)[len(learned) // 2]
-    # many tasks waited for a good part of a collection (a missing lock waits for nothing)
-    assert sum(w > 0.2 * collect for w in waited) >= len(waited) // 3, (waited, collect)
+    # tasks waited for a good part of a collection; a missing lock waits for nothing (~10 us).
+    # How many wait is set by the learn/collect ratio on a noisy machine (7-20 of ~33 seen), so
+    # the count asked for is the few that any working lock gives, not a share
+    assert sum(w > 0.2 * collect for w in waited) >= 3, (waited, collect)
+    assert max(waited) > 0.5 * collect, (waited, collect)
 
 
 def test_off_learners_are_tasks_of_their_own(local_client, tmp_path):

@@ -103,6 +103,27 @@ def test_sync_updates_aggregate_exactly_one_round_with_no_staleness(local_client
         assert sorted(r["status"] for r in group) == ["applied"] + ["buffered"] * 3
 
 
+def test_sync_with_replay_averages_whole_rounds_replays_included(local_client, pipelines,
+                                                                 tmp_path):
+    """IMPACT's replay 2 under sync: each update holds a whole round, the 2 slots' first uses
+    and their 2 replays, all computed on the same version (no partial round of late replays)."""
+    run = tmp_path / "sync-impact"
+    dask_rl.train(pipelines / "impact_cartpole.yaml", client=local_client, run_dir=run,
+                  overrides=["aggregation.strategy=sync", "rollout.slots=2",
+                             "learner.max_learners=2", "stop.env_steps=10240",
+                             "stop.solve_on_target=false", "stop.eval_every_updates=0",
+                             "checkpoint.every_s=0"])
+    by_version = collections.defaultdict(list)
+    for r in _records(run, "learner"):
+        by_version[r["version_pulled"]].append(r)
+    assert len(by_version) >= 8
+    for version, group in by_version.items():
+        assert sorted(r["replay"] for r in group) == [False, False, True, True], version
+        assert all(r["staleness"] == 0 for r in group), version
+        applied = [r for r in group if r["status"] == "applied"]
+        assert len(applied) == 1 and applied[0]["version_after"] == version + 1, version
+
+
 def test_ssp_never_lets_a_learner_start_beyond_its_bound(local_client, tmp_path):
     run = tmp_path / "ssp"
     dask_rl.train(

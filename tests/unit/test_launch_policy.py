@@ -149,6 +149,40 @@ def test_replay_keeps_only_the_newest_trajectories():
     assert replay.next() == "c" and replay.next() == "b" and replay.next() is None
 
 
+def test_replays_are_no_collection_round():
+    """A round is one trajectory per slot learned for the first time: with replay 2 the
+    strategy's round (Stellaris' decay) comes once per collection round, not twice."""
+    p = LaunchPolicy(slots=2, max_learners=1, max_ready=2,
+                     replay=TrajectoryReplay(replay=2, capacity=8))
+    p.decide()
+    p.rollout_done(0, "a")
+    p.rollout_done(1, "b")
+    ends = []
+    for expected in [("a", True), ("b", True), ("b", False), ("a", False)]:
+        assert _trajectories(p.decide()) == [expected]
+        ends.append(p.learner_done(expected[1]))
+    assert ends == [False, True, False, False]
+
+
+def test_a_synchronous_round_holds_its_replays_and_its_drain_learns_them():
+    replay = TrajectoryReplay(replay=2, capacity=8)
+    p = LaunchPolicy(slots=2, max_learners=2, max_ready=2, synchronous=True, replay=replay)
+    assert p.decide().rollouts == [0, 1]
+    p.rollout_done(0, "a")
+    p.rollout_done(1, "b")
+    assert _trajectories(p.decide()) == [("a", True), ("b", True)]
+    p.learner_done(True)
+    d = p.decide()
+    assert _trajectories(d) == [("b", False)] and d.rollouts == []  # the round goes on
+    p.learner_done(True)
+    p.stop(drain=True)
+    assert _trajectories(p.decide()) == [("a", False)]  # the round's last replay, draining
+    p.learner_done(False)
+    assert not p.finished                      # b's replay still running
+    p.learner_done(False)
+    assert p.decide().learners == [] and p.finished
+
+
 def test_no_replay_once_stopping_and_draining_learns_everything_collected():
     replay = TrajectoryReplay(replay=4, capacity=4)
     p = LaunchPolicy(slots=2, max_learners=2, max_ready=2, replay=replay)

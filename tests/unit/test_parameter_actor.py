@@ -218,6 +218,36 @@ def test_tianji_step_is_the_one_applied_to_the_parameters():
     np.testing.assert_allclose(a.pull().params, (-0.5 - 0.5 / 1.75) * np.ones(2), rtol=1e-6)
 
 
+def test_the_target_network_keeps_the_statistics_it_was_taken_with():
+    """pi_target is the target's parameters under the normaliser of its version: statistics
+    merged after a refresh move the current policy's normaliser, not the target's."""
+    from dask_rl.models.normalizer import batch_moments, empty_moments
+
+    a = ParameterActor(np.zeros(2, np.float32), AsyncConfig(alpha0=1.0),
+                       moments={"obs": empty_moments(1)}, target_every=2)
+    data: list[float] = []
+    for v in range(4):
+        a.pull(learner_id=f"L{v}")
+        a.push(np.ones(2, np.float32), v, f"L{v}", moments={"obs": batch_moments(
+            np.full((3, 1), float(v)))})
+        data += [float(v)] * 3
+        snap = a.pull_learner(f"probe{v}")
+        held = (v + 1) // 2 * 2 * 3          # samples merged when the target was taken
+        want = (batch_moments(np.array(data[:held]).reshape(-1, 1)) if held
+                else empty_moments(1))
+        np.testing.assert_allclose(snap.target_moments["obs"], want)
+        np.testing.assert_allclose(snap.moments["obs"],
+                                   batch_moments(np.array(data).reshape(-1, 1)))
+    a.pull(learner_id="L4")    # one more sample set after the last refresh
+    a.push(np.ones(2, np.float32), 4, "L4", moments={"obs": batch_moments(np.ones((3, 1)))})
+    restored = ParameterActor(np.zeros(2, np.float32), AsyncConfig(), target_every=2)
+    restored.load_state_dict(a.state_dict())
+    snap = restored.pull_learner("after")
+    np.testing.assert_allclose(snap.target_moments["obs"],
+                               batch_moments(np.array(data).reshape(-1, 1)))
+    assert snap.moments["obs"][0] == 15 and snap.target_moments["obs"][0] == 12
+
+
 def test_the_target_network_is_the_parameters_of_every_target_every_th_version():
     """Mnih et al. 2015: the target network is a copy of the parameters every C updates, held
     fixed in between. Each push here applies one update (async, plain SGD, step 1)."""

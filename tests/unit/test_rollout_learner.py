@@ -150,3 +150,36 @@ def test_truncation_exchanges_parameters_once_per_epoch():
     assert res.stats["learner/cross_forward_passes"] == 3
     assert res.stats["learner/cross_bytes"] == 3 * 2 * 4 * len(snap.params)
     assert 0 < res.stats["losses/is_truncated_frac"] <= 1
+
+
+def test_the_target_policy_is_measured_under_the_target_statistics():
+    """IMPACT's log pi_target(a|s): the target network's parameters under the observation
+    normaliser it was taken with, not the current version's."""
+    import torch
+
+    from dask_rl.models import load_snapshot
+    from dask_rl.models.normalizer import batch_moments
+
+    cfg, spaces, snap = _setup(algo={"name": "impact"}, env={"normalize_obs": True})
+    rw = Collector(cfg, seed=0)
+    rw.load(snap)
+    traj = rw.collect(64)
+    rng = np.random.default_rng(0)
+    current = {"obs": batch_moments(rng.normal(0.0, 1.0, (500, 4)))}
+    target = {"obs": batch_moments(rng.normal(2.0, 3.0, (500, 4)))}
+    target_params = snap.params + np.float32(0.1)
+    learner = Learner(cfg, *spaces, device="cpu")
+    got = learner._target_logp(PolicySnapshot(3, snap.params, current,
+                                              target_params=target_params,
+                                              target_moments=target), traj)
+    model = make_model(*spaces, cfg.model, normalize_obs=True, seed=0)
+    load_snapshot(model, PolicySnapshot(0, target_params, target))
+    with torch.no_grad():
+        dist = model.policy(torch.as_tensor(traj.obs.reshape(-1, 4)))
+        want = dist.log_prob(torch.as_tensor(traj.actions.reshape(-1))).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    load_snapshot(model, PolicySnapshot(0, target_params, current))
+    with torch.no_grad():
+        dist = model.policy(torch.as_tensor(traj.obs.reshape(-1, 4)))
+        other = dist.log_prob(torch.as_tensor(traj.actions.reshape(-1))).numpy()
+    assert np.abs(other - want).max() > 1e-4   # well outside the tolerance above

@@ -281,17 +281,41 @@ def test_stellaris_delta_max_is_the_largest_staleness_of_the_first_stale_round()
 
 
 def test_stellaris_default_floor_stops_the_decay_at_one():
-    """After 40 rounds beta is 2 * 0.96^40 = 0.39 without a floor: a fresh and a 1-stale
-    gradient (mean 0.5) wait for more. With the default floor (1) they are applied."""
-    for floor, waits in ((1.0, False), (0.0, True)):
+    """After 40 rounds beta is 2 * 0.96^40 = 0.39 without a floor: a 1-stale gradient, and
+    then a fresh one beside it (mean 0.5), wait for more. With the default floor (1) the
+    1-stale gradient is applied at once."""
+    for floor in (1.0, 0.0):
         s = make_strategy(StellarisConfig(threshold_floor=floor), learners=4)
         s.delta_max, s.decayed, s.version = 2.0, 2.0 * 0.96 ** 40, 5
         for lid, v in (("a", 4), ("b", 5), ("c", 5)):
             s.on_learner_started(lid, v)
-        assert s.on_gradient(Arrival(0, "a", 4)) == []   # mean 1 >= beta: wait either way
-        decisions = s.on_gradient(Arrival(1, "b", 5))    # mean 0.5
-        assert (decisions == []) is waits
+        decisions = s.on_gradient(Arrival(0, "a", 4))    # mean 1
+        if floor:
+            assert decisions and s.released["below"] == 1
+            continue
+        assert decisions == []
+        assert s.on_gradient(Arrival(1, "b", 5)) == []   # mean 0.5 >= beta 0.39: waits
     assert StellarisConfig().threshold_floor == 1.0
+
+
+@pytest.mark.parametrize("lags, applied", [((1,), True), ((2,), False), ((2, 1), False),
+                                           ((2, 0), True)])
+def test_stellaris_floor_is_the_released_codes_lowest_bound(lags, applied):
+    """The released code aggregates when the buffer's mean staleness is <= its bound, and its
+    bound is never below 1: at the floor a buffer of mean exactly 1 is applied (the paper's
+    strict delta < beta_k alone would hold it), one of mean 1.5 waits."""
+    s = make_strategy(StellarisConfig(), learners=4)
+    s.delta_max, s.decayed, s.version = 2.0, 2.0 * 0.96 ** 40, 5   # beta at the floor, 1
+    for lid in "cd":            # still computing: the buffer is neither idle nor full
+        s.on_learner_started(lid, 5)
+    decisions = []
+    for i, lag in enumerate(lags):
+        s.on_learner_started(f"L{i}", 5 - lag)
+        decisions = s.on_gradient(Arrival(i, f"L{i}", 5 - lag))
+        if i < len(lags) - 1:
+            assert decisions == []   # a lone gradient staler than the floor waits
+    assert bool(decisions) is applied
+    assert s.released["below"] == int(applied)
 
 
 def test_stellaris_gate_waits_for_fresher_gradients_and_scales_steps():
