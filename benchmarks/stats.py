@@ -129,6 +129,8 @@ def record_commit(path) -> None:
     data = json.loads(path.read_text())
     if isinstance(data, dict):
         data = {"commit": git("rev-parse", "HEAD"),
-                "tree_changed": bool(git("status", "--porcelain", "--untracked-files=no")),
+                # the results a benchmark writes are not the code it ran
+                "tree_changed": bool(git("status", "--porcelain", "--untracked-files=no",
+                                         "--", ".", ":!benchmarks/results")),
                 **{k: v for k, v in data.items() if k != "commit"}}
         path.write_text(json.dumps(data, indent=1, default=str))
