@@ -165,9 +165,10 @@ class LaunchPolicy(Generic[T]):
 
     def learner_done(self, first_use: bool) -> bool:
         """A learner finished; True when that completed a round (one trajectory per slot
-        learned for the first time: replays do not count)."""
+        learned for the first time: replays do not count; with sampled learners, which
+        learn no trajectory of their own, one learner per slot)."""
         self._learner_ended(first_use)
-        if not first_use:
+        if not first_use and not self.sampled:  # a sampled learner is never a first use
             return False
         self.learned += 1
         return self.slots > 0 and self.learned % self.slots == 0

@@ -164,6 +164,20 @@ def test_replays_are_no_collection_round():
     assert ends == [False, True, False, False]
 
 
+def test_sampled_learners_still_end_rounds():
+    """Sampled learners (a replay buffer's batches) learn no trajectory of their own: a round
+    is one learner per slot, so the strategy's round end (and its metrics) still come."""
+    p = LaunchPolicy(slots=2, max_learners=1, max_ready=2, sampled=True)
+    p.decide()
+    p.replay_changed(ready=True, behind=False)
+    ends = []
+    for _ in range(4):
+        d = p.decide()
+        assert len(d.learners) == 1 and d.learners[0].trajectory is None
+        ends.append(p.learner_done(False))
+    assert ends == [False, True, False, True]
+
+
 def test_a_synchronous_round_holds_its_replays_and_its_drain_learns_them():
     replay = TrajectoryReplay(replay=2, capacity=8)
     p = LaunchPolicy(slots=2, max_learners=2, max_ready=2, synchronous=True, replay=replay)
