@@ -108,17 +108,8 @@ class Driver(Trainer):
 
     # ---- hooks ---------------------------------------------------------------------------------
     def initial_params(self) -> tuple[np.ndarray, dict | None]:
-        cfg = self.cfg
         self.follower.check_resources()
-        obs_space, action_space = env_spaces(cfg.env)
-        model = self.algorithm.make_model(obs_space, action_space, cfg.model,
-                                          normalize_obs=cfg.env.normalize_obs, seed=cfg.seed)
-        moments = {}
-        if cfg.env.normalize_obs:
-            moments["obs"] = empty_moments(int(np.prod(obs_space.shape)))
-        if cfg.env.normalize_reward:
-            moments["return"] = empty_moments(1)
-        return get_flat(model), moments or None
+        return initial_parameters(self.cfg, self.algorithm)
 
     def actor_options(self) -> dict:
         return {"target_every": self.needs.target_network_every}
@@ -393,3 +384,17 @@ class Driver(Trainer):
             rollout_time_share=a.rollout_busy_s / busy,
             rollout_pulls=pulls["actor/rollout_pulls"],
             rollout_loads=pulls["actor/rollout_loads"])
+
+
+def initial_parameters(cfg, algorithm) -> tuple[np.ndarray, dict | None]:
+    """The parameter actor's first version: the model's flat parameters (seeded by
+    ``cfg.seed``) and empty running statistics for what the env normalises."""
+    obs_space, action_space = env_spaces(cfg.env)
+    model = algorithm.make_model(obs_space, action_space, cfg.model,
+                                 normalize_obs=cfg.env.normalize_obs, seed=cfg.seed)
+    moments = {}
+    if cfg.env.normalize_obs:
+        moments["obs"] = empty_moments(int(np.prod(obs_space.shape)))
+    if cfg.env.normalize_reward:
+        moments["return"] = empty_moments(1)
+    return get_flat(model), moments or None

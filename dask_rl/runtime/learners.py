@@ -82,6 +82,19 @@ class LearnerTasks:
         self.of_trajectory.clear()
         self.round_replays = []
 
+    def learner_id(self, trajectory: Any, first_use: bool) -> str:
+        """The id of the learner about to start on ``trajectory``: the one announced for its
+        round (a replay takes one of the round's replay ids), or a new one."""
+        if first_use:
+            lid = self.of_trajectory.pop(trajectory, None)
+        else:
+            lid = self.round_replays.pop(0) if self.round_replays else None
+        return lid or self._next_id()
+
+    def fused_learner_id(self, slot: int) -> str:
+        """The id of the fused learner about to start on ``slot``."""
+        return self.round.pop(slot, None) or self._next_id()
+
     def learning_rate(self) -> float:
         d = self.driver
         cfg = d.cfg.learner
@@ -96,7 +109,7 @@ class LearnerTasks:
         """A learner fed where its data is: it collects on ``launch.slot`` and learns from
         that trajectory there; a queued launch waits on the slot's worker."""
         d = self.driver
-        lid = self.round.pop(launch.slot, None) or self._next_id()
+        lid = self.fused_learner_id(launch.slot)
         seq = int(lid[1:])
         fut = d.client.submit(collect_and_learn_task, d.run_name, launch.slot, d.actor, lid,
                               self.learning_rate(), learner_seed(d.cfg.seed, seq),
@@ -127,12 +140,7 @@ class LearnerTasks:
         sampled learner on the replay buffer."""
         d = self.driver
         cfg = d.cfg.learner
-        if first_use:
-            lid = self.of_trajectory.pop(trajectory, None)
-        else:
-            lid = self.round_replays.pop(0) if self.round_replays else None
-        if lid is None:
-            lid = self._next_id()
+        lid = self.learner_id(trajectory, first_use)
         seq = int(lid[1:])
         kwargs = {"resources": {"GPU": cfg.gpus}} if cfg.gpus > 0 else {}
         seed = learner_seed(d.cfg.seed, seq)

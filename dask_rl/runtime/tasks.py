@@ -47,13 +47,15 @@ def _collect(state: Any, slot: int, actor: Any, exploration: float | None = None
     t_wait = time.perf_counter()
     with state.slot_lock(slot):
         t0 = time.perf_counter()
-        traj = _collect_held(state, slot, actor, exploration, t0)
+        traj = collect_held(state, slot, actor, exploration, t0)
     traj.slot_wait_s = t0 - t_wait
     return traj
 
 
-def _collect_held(state: Any, slot: int, actor: Any, exploration: float | None, t0: float
-                  ) -> Trajectory:
+def collect_held(state: Any, slot: int, actor: Any, exploration: float | None, t0: float
+                 ) -> Trajectory:
+    """A rollout on slot ``slot`` once its environments are held (``t0``: when): pull if
+    due, collect."""
     rollout = state.cfg.rollout
     collector = state.collector(slot)
     # A re-created actor restarts from an older version: a cached version only counts if it
@@ -161,8 +163,18 @@ def _learn(run: str, state: Any, traj: Trajectory, actor: Any, learner_id: str, 
            seed: int, algo_overrides: dict | None, first_use: bool, seq: int | None
            ) -> LearnerReport:
     t0 = time.perf_counter()
-    learner = state.learner()
     snapshot = _admitted_pull(actor, learner_id, state.cfg)
+    return learn_pulled(run, state, snapshot, traj, actor, learner_id, lr, seed, algo_overrides,
+                        first_use, seq, t0=t0)
+
+
+def learn_pulled(run: str, state: Any, snapshot: Any, traj: Trajectory, actor: Any,
+                 learner_id: str, lr: float, seed: int, algo_overrides: dict | None,
+                 first_use: bool, seq: int | None, *, t0: float) -> LearnerReport:
+    """A learner task after its pull (``t0``: when the pull began): learn from ``traj`` on
+    ``snapshot``, push the delta, report. The virtual-time cluster
+    (:mod:`dask_rl.virtual`) calls it at the moment its clock says the learner ends."""
+    learner = state.learner()
     t_pulled = time.perf_counter()
     exchange = None
     if state.cfg.learner.is_truncation:
