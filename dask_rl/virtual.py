@@ -21,10 +21,12 @@ drawn rollout time. A learner pulls (``pull_learner``) when it starts; a strateg
 not admit it yet (SSP) leaves it waiting until the next push, when it asks again; its update
 is computed, and pushed, after a drawn learner time, on the snapshot it pulled. A learner fed
 where its data is (``learner.fused``, as the driver decides it) collects, pulls after the
-rollout time and pushes after the learner time; a launch queued behind its slot starts when
-the slot's running one ends. The run stops as the driver's does: at ``stop.env_steps``
-collected or learned (draining what was collected), or at ``stop.wall_s`` of *virtual* time
-(learners in flight end, rollouts are dropped).
+rollout time and pushes after the learner time; a launch queued behind its slot collects as
+soon as the slot's environments are free (the running task has collected and is learning:
+:meth:`RunState.slot_lock` is held for the collection only), so a slot's next collection
+overlaps its last learner, as on a worker with a thread free for it. The run stops as the
+driver's does: at ``stop.env_steps`` collected or learned (draining what was collected),
+or at ``stop.wall_s`` of *virtual* time (learners in flight end, rollouts are dropped).
 
 Deviations from a real cluster, each on purpose
 -----------------------------------------------
@@ -224,7 +226,7 @@ class VirtualCluster:
         self.pushes: list[dict] = []
         self.waiting: list[_Learning] = []       # learners the strategy has not admitted yet
         self.admission_waits: list[float] = []   # virtual seconds each admitted one waited
-        self.busy: set[int] = set()              # fused slots whose task runs
+        self.collecting: set[int] = set()        # fused slots whose environments are held
         self.queued: dict[int, collections.deque[_Learning]] = collections.defaultdict(
             collections.deque)
         self.dropped_rollouts = 0
@@ -317,7 +319,7 @@ class VirtualCluster:
             self.clock.at(delay, self._rollout_done, _Batch(slot, traj))
         else:
             job.batch = _Batch(slot, traj)
-            self.clock.at(delay, self._pull, job)
+            self.clock.at(delay, self._collected, job)
 
     def _rollout_done(self, batch: _Batch) -> None:
         if self.policy.stopping and not self.policy.draining:
@@ -342,11 +344,21 @@ class VirtualCluster:
     def _start_fused(self, launch: FusedLaunch) -> None:
         job = self._job(self.tasks.fused_learner_id(launch.slot), True, launch.concurrent,
                         slot=launch.slot)
-        if launch.slot in self.busy:          # it waits on the slot's worker
+        if launch.slot in self.collecting:     # it waits for the slot's environments
             self.queued[launch.slot].append(job)
         else:
-            self.busy.add(launch.slot)
+            self.collecting.add(launch.slot)
             self._collect(launch.slot, job)
+
+    def _collected(self, job: _Learning) -> None:
+        """A fused task has collected: the slot's environments go to the task queued behind
+        it, and this one learns."""
+        slot = job.slot
+        self.collecting.discard(slot)
+        if self.queued[slot]:
+            self.collecting.add(slot)
+            self._collect(slot, self.queued[slot].popleft())
+        self._pull(job)
 
     def _pull(self, job: _Learning) -> None:
         """The learner asks for the current version; it computes for a drawn learner time if
@@ -387,11 +399,7 @@ class VirtualCluster:
             "pulled_at": job.asked + job.waited, "admission_wait": job.waited})
         if job.slot is not None:
             self.collected += report.trajectory_steps
-            self.busy.discard(job.slot)
             round_ended = self.policy.fused_done(job.slot)
-            if self.queued[job.slot]:
-                self.busy.add(job.slot)
-                self._collect(job.slot, self.queued[job.slot].popleft())
         else:
             round_ended = self.policy.learner_done(job.first_use)
         if round_ended:

@@ -41,19 +41,22 @@ def test_async_apart_reaches_the_staleness_of_its_learners(pipelines):
     assert all(p["status"] == "applied" for p in pushes)
 
 
-def test_fused_slots_collect_when_their_last_task_pushed(pipelines):
-    """The same cluster fused (collect and learn in one task, one queued behind each slot).
-    t=0: each slot collects with version 0; t=1: the learners pull version 0; t=2: pushes
-    0..3 stale, and each slot's queued task collects right after its slot's push (versions 1,
-    2, 3, 4); t=3: all four pull version 4, so the lags are 3, 2, 1, 0; t=4 the pushes are
-    again 0..3 stale."""
+def test_fused_slots_collect_again_while_their_last_learner_learns(pipelines):
+    """The same cluster fused (collect and learn in one task, one queued behind each slot;
+    the slot's environments are held for the collection only). t=0: slot k's task A collects
+    with version 0. t=1: A pulls version 0 and the queued task B collects with version 0.
+    t=2 (ties in the order they were scheduled): B0 has collected and pulls version 0, A0
+    pushes (staleness 0, version 1), the new queued C0 collects; B1 pulls 1, A1 pushes
+    (staleness 1); ... so A's pushes are 0..3 stale and B_k pulled version k. t=3: B_k
+    pushes, each 4 versions stale (version 4 + k when it lands), its trajectory k versions
+    older than its pull."""
     r = _run(_cfg(pipelines, "learner.max_learners=4"))
     pushes = r["pushes"]
     assert r["cluster"]["fused"]
-    assert [p["staleness"] for p in pushes[:12]] == [0, 1, 2, 3] * 3
-    assert [p["policy_lag"] for p in pushes[:12]] == [0, 0, 0, 0] + [3, 2, 1, 0] * 2
-    assert [p["t"] for p in pushes[:8]] == [2.0] * 4 + [4.0] * 4
-    assert [p["version_pulled"] for p in pushes[4:8]] == [4] * 4
+    assert [p["staleness"] for p in pushes[:8]] == [0, 1, 2, 3, 4, 4, 4, 4]
+    assert [p["policy_lag"] for p in pushes[:8]] == [0, 0, 0, 0, 0, 1, 2, 3]
+    assert [p["version_pulled"] for p in pushes[:8]] == [0, 0, 0, 0, 0, 1, 2, 3]
+    assert [p["t"] for p in pushes[:8]] == [2.0] * 4 + [3.0] * 4
 
 
 @pytest.mark.parametrize("fused", ["true", "false"])
