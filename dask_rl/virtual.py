@@ -78,6 +78,11 @@ from dask_rl.staleness import STRATEGIES
 
 RUN = "virtual"
 PROGRESS_EVERY_S = 5.0   # of real time, between progress calls
+# learner statistics each push's record keeps
+STATS = {"learn_s": "learner/time_s", "cross_policies": "learner/cross_policies",
+         "cross_forward_s": "learner/cross_forward_s",
+         "cross_exchange_s": "learner/cross_exchange_s",
+         "is_truncated_frac": "losses/is_truncated_frac"}
 
 
 @dataclass(frozen=True)
@@ -396,7 +401,9 @@ class VirtualCluster:
             "staleness": report.ack.staleness, "weight": report.ack.weight,
             "version_pulled": report.version_pulled, "policy_lag": report.policy_lag,
             "concurrent": job.concurrent, "return_recent": recent,
-            "pulled_at": job.asked + job.waited, "admission_wait": job.waited})
+            "pulled_at": job.asked + job.waited, "admission_wait": job.waited,
+            # what the update cost in real seconds, and the truncation's part of it
+            **{key: report.stats[stat] for key, stat in STATS.items() if stat in report.stats}})
         if job.slot is not None:
             self.collected += report.trajectory_steps
             round_ended = self.policy.fused_done(job.slot)
