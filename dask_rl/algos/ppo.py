@@ -27,7 +27,8 @@ class PPOConfig(AlgoConfig):
     gamma: float = option(0.99, "discount", ge=0, le=1)
     gae_lambda: float = option(0.95, "GAE lambda", ge=0, le=1)
     clip_coef: float = option(0.2, "surrogate clipping epsilon", gt=0)
-    clip_vloss: bool = option(True, "clip the value loss around the behaviour values")
+    clip_vloss: bool = option(True, "clip the value loss around the learner's values "
+                                    "before its update (within clip_coef)")
     vf_coef: float = option(0.5, "value loss coefficient", ge=0)
     ent_coef: float = option(0.01, "entropy bonus coefficient", ge=0)
     norm_adv: bool = option(True, "normalise advantages per minibatch")
@@ -142,10 +143,13 @@ class PPO(LearnerAlgorithm):
     """PPO-clip: the objective ``L^{CLIP+VF+S}`` of Schulman et al. 2017 (Eq. 9, with
     ``L^CLIP`` of Eq. 7) on GAE advantages (Eq. 11-12; Schulman et al. 2016, Eq. 16).
 
-    Deviations, as in CleanRL's ``ppo.py``: the value loss is clipped (``clip_vloss``) around
-    the values of ``prepare`` (the learner's model before its update, not the behaviour
-    policy's: rollouts do not store values, so with stale samples the two differ; CleanRL's
-    are the same model), advantages are normalised per minibatch (``norm_adv``), and with
+    Deviations, as in CleanRL's ``ppo.py``: the value loss is the half squared error
+    (``L^VF = 1/2 (V - V_targ)^2``; Eq. 9 has no 1/2, so ``vf_coef`` 0.5 weighs it as
+    CleanRL's does), clipped (``clip_vloss``) within the surrogate's own epsilon
+    (``clip_coef``; the paper does not clip it) around the values of ``prepare`` (the
+    learner's model before its update, not the behaviour policy's: rollouts do not store
+    values, so with stale samples the two differ; CleanRL's are the same model), advantages
+    are normalised per minibatch (``norm_adv``), and with
     ``learner.is_truncation`` each sample's importance weight is Stellaris' ``R'``
     (:mod:`dask_rl.staleness.truncation`).
     """

@@ -21,12 +21,15 @@ Aggregation").
   buffered gradient staler. Why each update was released is counted
   (``threshold/released_{below,full,idle}``), and so are the waits.
 * **Staleness-scaled steps**: gradient ``j`` is weighted ``1 / delta_j^(1/v)``
-  (``v = smoothness``, 3 in the paper; ``delta_j = 0`` gives 1) and the update is
+  (``v = smoothness``; ``delta_j = 0`` gives 1) and the update is
   ``g_c = (1/H_c) * sum_j alpha0 / delta_j^(1/v) * g_j``, applied as ``theta -= g_c`` (alpha0
   by the parameter actor). The paper writes the step both as ``alpha_c = alpha0 /
   delta_c^(1/v)`` (a buffer's staleness) and per gradient inside the sum; the per-gradient
   reading is used, which is the same when the buffer's gradients are equally stale. The
-  released code never applies this scaling; here it is tested.
+  method's equations write the step with a square root, ``alpha0 / sqrt(delta)`` (v = 2);
+  its evaluation (§7.1, §7.4, Fig. 13) names ``v`` the "LR smoothness" and runs v = 3,
+  which is the default here, with v = 2 the equations' form. The released code never
+  applies this scaling; here it is tested.
 * **decay: auto** (new, not in the paper or its code): ``d`` adapts each round to reward
   progress. With ``R`` an exponential moving average (0.3) of the recent mean return the driver
   reports, a round in which ``R`` rose moves ``d`` a quarter of the way towards 0.999 (keep the

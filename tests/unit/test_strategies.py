@@ -355,6 +355,87 @@ def test_stellaris_never_waits_when_no_fresher_gradient_can_come():
     assert d.ids == (0, 1) and s2.released["full"] == 1
 
 
+def _stellaris_reference(events, *, learners, decay, smoothness, floor):
+    """Stellaris' server from the paper, event by event, in plain loops: the threshold
+    beta_k = delta_max * d^k (delta_max: the largest staleness of the first round with a
+    stale gradient; k: rounds since), never below the floor; a buffer is aggregated when its
+    mean staleness delta is below beta_k (or at most the floor), or when no learner is
+    computing, or when it holds one gradient per learner; g_c = (1/H_c) sum_j
+    delta_j^(-1/v) g_j (alpha0 applied by the actor; delta_j = 0 counts 1). Returns every
+    update as [(gradient id, weight), ...]."""
+    version, buffer, computing = 0, [], {}
+    delta_max, k, round_max = None, 0, 0
+    updates = []
+
+    def gate():
+        nonlocal version, buffer
+        if not buffer:
+            return
+        ages = [version - pulled for _, pulled in buffer]
+        mean = sum(ages) / len(ages)
+        beta = math.inf if delta_max is None else max(delta_max * decay ** k, floor)
+        if mean < beta or mean <= floor or not computing or len(buffer) >= learners:
+            h = len(buffer)
+            updates.append([(gid, (1.0 if age == 0 else age ** (-1.0 / smoothness)) / h)
+                            for (gid, _), age in zip(buffer, ages)])
+            version += 1
+            buffer = []
+
+    for event in events:
+        if event[0] == "start":
+            computing[event[1]] = version
+        elif event[0] == "push":
+            pulled = computing.pop(event[1])
+            round_max = max(round_max, version - pulled)
+            buffer.append((event[2], pulled))
+            gate()
+        else:   # the end of a round
+            if delta_max is None:
+                if round_max > 0:
+                    delta_max, k = round_max, 0
+            else:
+                k += 1
+            round_max = 0
+            gate()
+    return updates
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_stellaris_matches_the_papers_server_on_random_event_streams(seed):
+    """Random starts, pushes and round ends (up to 6 learners computing, 4 allowed to fill
+    the buffer), random d, v and floor: every update's gradients and weights are the
+    reference's."""
+    rng = np.random.default_rng(seed)
+    learners = 4
+    cfg = dict(decay=float(rng.uniform(0.5, 1.0)), smoothness=float(rng.choice([1, 2, 3])),
+               floor=float(rng.choice([0.0, 1.0, 1.5])))
+    s = make_strategy(StellarisConfig(decay=cfg["decay"], smoothness=cfg["smoothness"],
+                                      threshold_floor=cfg["floor"]), learners=learners)
+    events, computing, pulled, gid, got = [], [], {}, 0, []
+    for step in range(400):
+        r = rng.random()
+        if computing and (r < 0.45 or len(computing) >= 6):
+            lid = computing.pop(int(rng.integers(len(computing))))
+            events.append(("push", lid, gid))
+            got += [list(d.apply) for d in s.on_gradient(Arrival(gid, lid, pulled[lid]))
+                    if d.apply]
+            gid += 1
+        elif r < 0.9:
+            lid = f"L{step}"
+            computing.append(lid)
+            pulled[lid] = s.version
+            events.append(("start", lid))
+            s.on_learner_started(lid, s.version)
+        else:
+            events.append(("round",))
+            got += [list(d.apply) for d in s.on_round_end() if d.apply]
+    want = _stellaris_reference(events, learners=learners, **cfg)
+    assert len(want) > 50 and any(len(u) > 1 for u in want)   # the gate did hold some back
+    assert [[i for i, _ in u] for u in got] == [[i for i, _ in u] for u in want]
+    for u, w in zip(got, want):
+        assert [x for _, x in u] == pytest.approx([x for _, x in w])
+
+
 def test_stellaris_auto_decay_follows_reward_progress():
     s = make_strategy(StellarisConfig(decay="auto"), learners=4)
     s.delta_max, s.decayed = 4.0, 4.0
