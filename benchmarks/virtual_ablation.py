@@ -173,8 +173,8 @@ def _commit() -> str:
 
 
 # ---- calibration -------------------------------------------------------------------------------
-def calibrate(n: int) -> dict:
-    """Single-threaded times of one rollout and one update of the pipeline, measured here."""
+def calibrate(n: int, pipeline: Path = PIPELINE) -> dict:
+    """Single-threaded times of one rollout and one update of ``pipeline``, measured here."""
     import torch
 
     from dask_rl.algos import registry
@@ -186,7 +186,7 @@ def calibrate(n: int) -> dict:
     from dask_rl.runtime.driver import initial_parameters
 
     torch.set_num_threads(1)
-    cfg = resolve(PIPELINE, [])
+    cfg = resolve(pipeline, [])
     params, moments = initial_parameters(cfg, registry.build(cfg.algo))
     snapshot = PolicySnapshot(0, params, moments)
     collector = Collector(cfg, seed=0)
@@ -209,7 +209,7 @@ def calibrate(n: int) -> dict:
                 "n": int(x.size), "samples": x.round(5).tolist()}
 
     return {"rollout": fit(rollout_s), "learn": fit(learn_s), "torch_threads": 1,
-            "pipeline": str(PIPELINE.relative_to(ROOT)), "commit": _commit()}
+            "pipeline": str(Path(pipeline).resolve().relative_to(ROOT)), "commit": _commit()}
 
 
 # ---- phases --------------------------------------------------------------------------------------

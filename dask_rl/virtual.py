@@ -32,7 +32,9 @@ Deviations from a real cluster, each on purpose
 -----------------------------------------------
 * Calls to the parameter actor, and the driver's own work, take no virtual time: the actor is
   not a bottleneck here (``benchmarks/simulate_scale.py`` models that part). A submitted task
-  starts at once: the cluster has a thread for every slot and learner.
+  starts at once: the cluster has a thread for every slot and learner, and by default a core
+  for each; with ``cores`` the running tasks share that many equally (processor sharing,
+  the model of this machine's threads), so that a task's time follows what runs beside it.
 * A learner's update is computed at the moment it ends, so Stellaris' truncation sees the
   peers computing at that moment at the versions they pulled (a real peer publishes its local
   parameters after each epoch; here it has not published yet).
@@ -55,7 +57,7 @@ import collections
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -159,18 +161,55 @@ class _Learning:
     waited: float = 0.0              # virtual seconds until the strategy admitted it
 
 
-@dataclass
 class _Clock:
-    now: float = 0.0
-    events: list = field(default_factory=list)
-    seq: Any = field(default_factory=itertools.count)
+    """Virtual time and the tasks running on it. Each task needs ``work`` seconds of one core;
+    with ``cores`` None every task has a core of its own (its work is its duration), else the
+    running tasks share ``cores`` cores equally (processor sharing: each progresses at
+    ``min(1, cores / running)``), as threads on a machine with fewer cores than tasks. A task's
+    action runs when its work is done; ties in the order the tasks started."""
 
-    def at(self, delay: float, action: Callable, *args: Any) -> None:
-        heapq.heappush(self.events, (self.now + delay, next(self.seq), action, args))
+    def __init__(self, cores: float | None = None):
+        if cores is not None and not cores > 0:
+            raise ConfigError(f"cores: must be > 0, got {cores}")
+        self.cores = cores
+        self.now = 0.0
+        self.seq = itertools.count()
+        self.heap: list = []                         # own cores: (end, seq, action, args)
+        self.shared: dict[int, list] = {}            # shared cores: seq -> [work left, ...]
+        self.updated = 0.0                           # when the work left was last counted
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.heap or self.shared)
+
+    def at(self, work: float, action: Callable, *args: Any) -> None:
+        """Start a task of ``work`` core-seconds now; ``action(*args)`` when it is done."""
+        if self.cores is None:
+            heapq.heappush(self.heap, (self.now + work, next(self.seq), action, args))
+            return
+        self._progress()
+        self.shared[next(self.seq)] = [work, action, args]
 
     def next(self) -> tuple[Callable, tuple]:
-        self.now, _, action, args = heapq.heappop(self.events)
+        """Advance to the next task's end; its action and arguments."""
+        if self.cores is None:
+            self.now, _, action, args = heapq.heappop(self.heap)
+            return action, args
+        self._progress()
+        seq = min(self.shared, key=lambda k: (self.shared[k][0], k))
+        self.now += max(self.shared[seq][0], 0.0) / self._rate()
+        self._progress()
+        _, action, args = self.shared.pop(seq)
         return action, args
+
+    def _rate(self) -> float:
+        return min(1.0, self.cores / len(self.shared)) if self.shared else 1.0
+
+    def _progress(self) -> None:
+        done = (self.now - self.updated) * self._rate()
+        for task in self.shared.values():
+            task[0] -= done
+        self.updated = self.now
 
 
 class VirtualCluster:
@@ -178,11 +217,14 @@ class VirtualCluster:
     ``cfg.learner.max_learners`` learners; :meth:`run` returns the results (a dict, JSON-ready).
 
     ``seed`` draws the task times (the run's own randomness is ``cfg.seed``'s, as on a
-    cluster); ``progress(result_so_far)`` is called every few seconds of real time.
+    cluster); ``progress(result_so_far)`` is called every few seconds of real time. With
+    ``cores`` the tasks share that many cores (a task time is then its work on one core):
+    the machine this runs on, to compare with a real run here; without, every task has its
+    own, as on a cluster.
     """
 
     def __init__(self, cfg: PipelineConfig, *, slots: int, rollout_time: TaskTime,
-                 learn_time: TaskTime, seed: int = 0,
+                 learn_time: TaskTime, seed: int = 0, cores: float | None = None,
                  progress: Callable[[dict], None] | None = None, torch_threads: int = 1):
         algorithm = registry.build(cfg.algo)
         if isinstance(algorithm, ReplayAlgorithm):
@@ -222,7 +264,7 @@ class VirtualCluster:
         self.hparams: dict[str, float] = {}
         self.env_steps = 0
         self.tasks = LearnerTasks(self)
-        self.clock = _Clock()
+        self.clock = _Clock(cores)
         self.collected = 0                       # env steps collected
         self.returns: collections.deque[float] = collections.deque(maxlen=RECENT_EPISODES)
         self.episodes = 0
@@ -266,7 +308,7 @@ class VirtualCluster:
         last_progress = time.perf_counter()
         try:
             self._launch()
-            while self.clock.events:
+            while self.clock.busy:
                 action, args = self.clock.next()
                 action(*args)
                 self._check_stop()
@@ -284,6 +326,7 @@ class VirtualCluster:
         return {"config": public_dict(cfg),
                 "cluster": {"slots": self.slots, "max_learners": cfg.learner.max_learners,
                             "fused": self.policy.fused, "seed": self.seed,
+                            "cores": self.clock.cores,
                             "rollout_time": self.rollout_time.describe(),
                             "learn_time": self.learn_time.describe()},
                 "summary": self._summary(time.perf_counter() - t0),

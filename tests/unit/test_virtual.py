@@ -14,16 +14,16 @@ import pytest
 
 from dask_rl.cli import main
 from dask_rl.config import ConfigError, load_pipeline
-from dask_rl.virtual import TaskTime, VirtualCluster
+from dask_rl.virtual import TaskTime, VirtualCluster, _Clock
 
 
 def _cfg(pipelines, *overrides, name="ppo_cartpole.yaml"):
     return load_pipeline(pipelines / name, ["stop.env_steps=20000", *overrides])
 
 
-def _run(cfg, slots=4, rollout=TaskTime(1.0), learn=TaskTime(1.0), seed=0):
+def _run(cfg, slots=4, rollout=TaskTime(1.0), learn=TaskTime(1.0), seed=0, cores=None):
     return VirtualCluster(cfg, slots=slots, rollout_time=rollout, learn_time=learn,
-                          seed=seed).run()
+                          seed=seed, cores=cores).run()
 
 
 def test_async_apart_reaches_the_staleness_of_its_learners(pipelines):
@@ -100,7 +100,12 @@ def test_the_same_seeds_give_the_same_run_and_another_seed_another(pipelines):
     cfg = _cfg(pipelines, "learner.max_learners=3", "stop.env_steps=6000")
     times = dict(rollout=TaskTime(1.0, 0.5), learn=TaskTime(1.0, 0.5))
     a, b = _run(cfg, **times), _run(cfg, **times)
-    assert a["pushes"] == b["pushes"]
+    real_seconds = {"learn_s", "cross_forward_s", "cross_exchange_s"}
+
+    def virtual(run):
+        return [{k: v for k, v in p.items() if k not in real_seconds} for p in run["pushes"]]
+
+    assert virtual(a) == virtual(b)
     c = _run(cfg, seed=1, **times)
     assert [p["t"] for p in c["pushes"]] != [p["t"] for p in a["pushes"]]
 
@@ -124,6 +129,43 @@ def test_env_step_budget_drains_what_was_collected(pipelines):
     assert s["env_steps"] == s["env_steps_collected"]   # everything collected was learned
     assert r["config"]["stop"]["env_steps"] == 5000
     assert r["cluster"]["rollout_time"] == {"kind": "fixed", "mean": 1.0, "sigma": 0.0}
+
+
+def test_shared_cores_divide_the_work_of_what_runs():
+    """Processor sharing on 1 core: tasks of work 1 and 2 start at 0 and run at half speed;
+    the first is done at 2, the second alone then at full speed, done at 3. On 2 cores two
+    tasks share nothing: work 3 from 0 and work 1 from 2.5 end at 3 and 3.5."""
+    ended = []
+    clock = _Clock(cores=1)
+    clock.at(1.0, ended.append, "a")
+    clock.at(2.0, ended.append, "b")
+    while clock.busy:
+        action, args = clock.next()
+        action(*args)
+        ended.append(clock.now)
+    assert ended == ["a", 2.0, "b", 3.0]
+    two = _Clock(cores=2)
+    two.at(3.0, ended.append, "c")
+    two.now = 2.5     # as if another task had ended then
+    two.at(1.0, ended.append, "d")
+    assert two.next()[1] == ("c",) and two.now == pytest.approx(3.0)
+    assert two.next()[1] == ("d",) and two.now == pytest.approx(3.5)
+
+
+def test_on_shared_cores_equal_learners_push_in_the_order_they_pulled(pipelines):
+    """With equal work and shared cores no learner overtakes another (they progress at the
+    same rate), so versions pulled rise push by push and async staleness stays below the
+    learners; with own cores and spread-out times learners overtake each other."""
+    cfg = _cfg(pipelines, "learner.max_learners=3", "learner.fused=false",
+               "stop.env_steps=12000")
+    shared = _run(cfg, cores=2)
+    pulled = [p["version_pulled"] for p in shared["pushes"]]
+    assert pulled == sorted(pulled)
+    assert max(p["staleness"] for p in shared["pushes"]) <= 2
+    assert shared["cluster"]["cores"] == 2
+    spread = _run(cfg, learn=TaskTime(1.0, 1.0))
+    pulled = [p["version_pulled"] for p in spread["pushes"]]
+    assert pulled != sorted(pulled)
 
 
 def test_task_times():
