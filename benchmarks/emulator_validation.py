@@ -57,7 +57,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from stats import json_safe, mean_ci, record_commit  # noqa: E402
+from stats import json_safe, mean_ci, record_commit, welch  # noqa: E402
 
 PIPELINE = ROOT / "pipelines" / "ppo_hopper_stellaris.yaml"
 SLOTS = 4
@@ -138,8 +138,12 @@ def compare(pairs: list[dict], env_steps: int, side: str) -> dict:
     for j, x in enumerate(grid):
         m, lo, hi = mean_ci(cr[:, j])
         mv, lov, hiv = mean_ci(cv[:, j])
+        diff = welch(cv[:, j], cr[:, j]) if len(pairs) > 1 else None
         curve.append({"env_steps": float(x), "real": [m, lo, hi], "virtual": [mv, lov, hiv],
-                      "virtual_mean_in_real_ci": bool(lo <= mv <= hi)})
+                      "virtual_mean_in_real_ci": bool(lo <= mv <= hi),
+                      "difference": diff,
+                      "difference_ci_has_zero": bool(diff and diff["ci95"][0] <= 0
+                                                     <= diff["ci95"][1])})
     wall = [p[side]["virtual_s"] / p["real"]["wall_s"] for p in pairs]
     return {"seeds": [p["seed"] for p in pairs],
             "staleness": {"quantiles": list(QUANTILES), "real": qr.tolist(),
@@ -151,6 +155,8 @@ def compare(pairs: list[dict], env_steps: int, side: str) -> dict:
                           "n": [int(real.size), int(virt.size)]},
             "curve": curve,
             "curve_points_in_ci": sum(c["virtual_mean_in_real_ci"] for c in curve),
+            "curve_points_difference_has_zero": sum(c["difference_ci_has_zero"]
+                                                    for c in curve),
             "virtual_over_real_wall": list(mean_ci(wall))}
 
 
@@ -177,8 +183,12 @@ def write_outputs(out: Path, args: argparse.Namespace, runs: list[dict], work: d
              f"PPO Hopper-v5, Stellaris + IS truncation, {args.env_steps} env steps, seeds "
              f"{args.seeds}, {SLOTS} slots on 2 workers x {THREADS} threads.", "",
              f"Staleness quantiles at {', '.join(f'{q:g}' for q in QUANTILES)}.", "",
+             "Curve points: of the grid's, those where the virtual mean lies in the real t "
+             "95% interval, and those where the Welch 95% interval of the difference holds "
+             "0.", "",
              "| virtual side | L | staleness quantiles real | virtual | max diff | KS D (n real, "
-             "n virtual) | mean real / virtual | curve points in CI | virtual / real wall |",
+             "n virtual) | mean real / virtual | curve points in CI / difference holds 0 | "
+             "virtual / real wall |",
              "|---|---|---|---|---|---|---|---|---|"]
     for side, table in tables.items():
         for L, t in table.items():
@@ -193,7 +203,8 @@ def row(side: str, L: str, t: dict) -> str:
     return (f"| {side} | {L} | {' '.join(f'{q:g}' for q in s['real'])} | "
             f"{' '.join(f'{q:g}' for q in s['virtual'])} | {s['max_quantile_diff']:g} | "
             f"{s['ks_d']:.3f} ({s['n'][0]}, {s['n'][1]}) | {s['mean'][0]:.2f} / "
-            f"{s['mean'][1]:.2f} | {t['curve_points_in_ci']}/{len(t['curve'])} | "
+            f"{s['mean'][1]:.2f} | {t['curve_points_in_ci']}/{len(t['curve'])} / "
+            f"{t['curve_points_difference_has_zero']}/{len(t['curve'])} | "
             f"{w[0]:.2f} [{w[1]:.2f}, {w[2]:.2f}] |")
 
 

@@ -22,7 +22,8 @@ Arms (each differs from another only in what it studies):
 method), ``stellaris-no-is`` (the same aggregation without truncation: Fig. 11b), ``softsync``
 (n = 2), ``ssp`` (bound 3 clocks), ``async`` (every gradient applied at once) and ``sync``
 (beside Fig. 11a, which has no sync). Each arm's ``alpha0`` is tuned (``tune``) on seeds
-``--tune-seeds`` (never reported) at one L (``--tune-learners``, 16) over ``--alphas``;
+``--tune-seeds`` (never reported) at one L (``--tune-learners``, 16) over ``--alphas``
+(0.125 to 2: the 2-core ablation found 0.25 to 2 best and 4 worst for every arm);
 ``stellaris-no-is`` takes Stellaris' choice (truncation changes the loss, not the step).
 
 Phases, each resumable (every finished run is appended to ``OUT.runs.jsonl`` at once and is
@@ -398,7 +399,7 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=128)
     p.add_argument("--learners", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--tune-learners", type=int, default=16)
-    p.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0])
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0, 2.0])
     p.add_argument("--tune-seeds", type=int, nargs="+", default=[101, 102])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--env-steps", type=int, default=300_000)
