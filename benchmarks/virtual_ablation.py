@@ -1,13 +1,13 @@
 """Stellaris' ablations (§7.3-7.4, Fig. 11a, 11b, 13) at the paper's scale, on the virtual-time
 cluster (``dask_rl.virtual``).
 
-Every run is PPO on Hopper-v5 (``pipelines/ppo_hopper_stellaris.yaml``) trained to ``--env-
-steps`` (500k) on a virtual cluster of ``--slots`` rollout slots (default 64, the low end of
-the paper's: its AWS cluster had 128 CPU actors; a wave of 64 slots is 65k env steps, so 500k
-is 7-8 trajectories per slot, where 128 slots would give 4) and L learners (``--learners``,
-default 1 4 16 64; the paper ran at most 4 per V100: 8 on AWS, 64 on its HPC cluster). The
-learning is real (real environments, real networks, the engine's parameter actor and
-strategies); the clock is virtual, so staleness is that cluster's.
+Every run is PPO on Hopper-v5 (``pipelines/ppo_hopper_stellaris.yaml``) trained to
+``--env-steps`` (500k) on a virtual cluster of ``--slots`` rollout slots (default 64, the
+low end of the paper's: its AWS cluster had 128 CPU actors; a wave of 64 slots is 65k env
+steps, so 500k is 7-8 trajectories per slot, where 128 slots would give 4) and L learners
+(``--learners``, default 1 4 16 64; the paper ran at most 4 per V100: 8 on AWS, 64 on its
+HPC cluster). The learning is real (real environments, real networks, the engine's
+parameter actor and strategies); the clock is virtual, so staleness is that cluster's.
 
 Task times, fixed before any run (``calibrate``, written to ``OUT.calibration.json`` and
 copied into every results file): a rollout's time is log-normal with the mean and log-spread
@@ -28,8 +28,8 @@ method), ``stellaris-no-is`` (the same aggregation without truncation: Fig. 11b)
 (n = 2), ``ssp`` (bound 3 clocks), ``async`` (every gradient applied at once) and ``sync``
 (beside Fig. 11a, which has no sync). Each arm's ``alpha0`` is tuned (``tune``) on seeds
 ``--tune-seeds`` (never reported) at one L (``--tune-learners``, 16) over ``--alphas``
-(0.25, 0.5, 1: the 2-core ablation found 0.25 to 1 best for all but sync; a choice at an
-edge is extended by rerunning ``tune --alphas`` with the next value);
+(0.25, 0.5, 1: the 2-core ablation found 0.25 to 1 best for all but sync; where the best
+is at the grid's edge, ``tune`` goes on past it by a factor of 2, at most ``--extend`` times);
 ``stellaris-no-is`` takes Stellaris' choice (truncation changes the loss, not the step).
 
 Phases, each resumable (every finished run is appended to ``OUT.runs.jsonl`` at once and is
@@ -256,32 +256,52 @@ def execute(plan: list[tuple], args: argparse.Namespace, calibration: dict) -> N
                   f"{r['real_s']:.0f} s ({time.time() - t0:.0f} s in)", flush=True)
 
 
-def tuned_alphas(runs: dict[str, dict], args: argparse.Namespace) -> dict[str, float]:
-    """Each arm's alpha0 with the best mean AUC over the tuning seeds."""
-    out = {}
+def tune_scores(runs: dict[str, dict], args: argparse.Namespace) -> dict[str, dict]:
+    """Each tuned arm's mean AUC over the tuning seeds, per alpha0 tried on every one of them."""
+    out: dict[str, dict] = {}
     for arm in ARMS:
         if arm in TUNED_WITH:
             continue
-        scores = {}
-        for a in args.alphas:
-            aucs = [r["auc"] for r in runs.values() if r["phase"] == "tune" and r["arm"] == arm
-                    and r["alpha0"] == a and r["learners"] == args.tune_learners]
-            if len(aucs) == len(args.tune_seeds):
-                scores[a] = float(np.mean(aucs))
+        by_alpha: dict[float, list] = {}
+        for r in runs.values():
+            if r["phase"] == "tune" and r["arm"] == arm and r["learners"] == args.tune_learners:
+                by_alpha.setdefault(r["alpha0"], []).append(r["auc"])
+        scores = {a: float(np.mean(v)) for a, v in sorted(by_alpha.items())
+                  if len(v) == len(args.tune_seeds)}
         if scores:
-            out[arm] = max(scores, key=scores.get)
+            out[arm] = scores
+    return out
+
+
+def tuned_alphas(runs: dict[str, dict], args: argparse.Namespace) -> dict[str, float]:
+    """Each arm's alpha0 with the best mean AUC over the tuning seeds (every alpha0 tried)."""
+    out = {arm: max(scores, key=scores.get) for arm, scores in tune_scores(runs, args).items()}
     for arm, source in TUNED_WITH.items():
         if source in out:
             out[arm] = out[source]
     return out
 
 
+def edge_extensions(runs: dict[str, dict], args: argparse.Namespace) -> list[tuple]:
+    """Tuning runs that move an arm's grid past its edge: where the best alpha0 is the
+    smallest (largest) tried, the next one down (up) by a factor of 2."""
+    plan = []
+    for arm, scores in tune_scores(runs, args).items():
+        if arm not in args.arms or len(scores) < 2:
+            continue
+        best, tried = max(scores, key=scores.get), sorted(scores)
+        nxt = best / 2 if best == tried[0] else best * 2 if best == tried[-1] else None
+        if nxt is not None:
+            plan += [("tune", arm, args.tune_learners, nxt, s, ()) for s in args.tune_seeds]
+    return plan
+
+
 def plan_for(phase: str, runs: dict, args: argparse.Namespace) -> list[tuple]:
     if phase == "tune":
-        return [("tune", arm, args.tune_learners, a, s, ()) for arm in ARMS
+        return [("tune", arm, args.tune_learners, a, s, ()) for arm in args.arms
                 if arm not in TUNED_WITH for a in args.alphas for s in args.tune_seeds]
     if phase == "pilot":
-        return [("pilot", arm, args.tune_learners, 1.0, s, ()) for arm in ARMS
+        return [("pilot", arm, args.tune_learners, 1.0, s, ()) for arm in args.arms
                 for s in args.tune_seeds]
     alphas = tuned_alphas(runs, args)
     missing = [a for a in ARMS if a not in alphas]
@@ -289,8 +309,8 @@ def plan_for(phase: str, runs: dict, args: argparse.Namespace) -> list[tuple]:
         raise SystemExit(f"{phase}: no tuned alpha0 for {', '.join(missing)}: run tune first")
     seeds = range(1, args.seeds + 1)
     if phase == "report":
-        return [("report", arm, L, alphas[arm], s, ()) for L in args.learners for arm in ARMS
-                for s in seeds]
+        return [("report", arm, L, alphas[arm], s, ()) for L in args.learners
+                for arm in args.arms for s in seeds]
     if phase == "sensitivity":
         return [("sensitivity", "stellaris", args.tune_learners, alphas["stellaris"], s,
                  (f"{key}={value:g}",)) for _, (key, values) in SENSITIVITY.items()
@@ -333,6 +353,21 @@ def summarise(runs: dict, args: argparse.Namespace, calibration: dict) -> dict:
     for family in (contrasts_a, contrasts_b):
         for c, p in zip(family, holm([c["p"] for c in family]) if family else []):
             c["p_holm"] = p
+    grid = np.linspace(0, args.env_steps, GRID)
+    curves = []
+    for source in (report, pilot):
+        for L in sorted({r["learners"] for r in source}):
+            for arm in ARMS:
+                group = [r for r in source if r["arm"] == arm and r["learners"] == L
+                         and r["curve"]]
+                if len(group) > 1:
+                    ys = np.array([np.interp(grid, *np.array(r["curve"], np.float64).T)
+                                   for r in group])
+                    cis = [mean_ci(col) for col in ys.T]
+                    curves.append({"phase": group[0]["phase"], "learners": L, "arm": arm,
+                                   "n": len(group), "env_steps": grid.tolist(),
+                                   "mean": [c[0] for c in cis], "lo": [c[1] for c in cis],
+                                   "hi": [c[2] for c in cis]})
     sens = [r for r in runs.values() if r["phase"] == "sensitivity"]
     sens_rows = []
     for name, (key, values) in SENSITIVITY.items():
@@ -348,9 +383,10 @@ def summarise(runs: dict, args: argparse.Namespace, calibration: dict) -> dict:
                          "alphas": args.alphas, "arms": ARMS},
             "calibration": {k: ({kk: vv for kk, vv in v.items() if kk != "samples"}
                                 if isinstance(v, dict) else v) for k, v in calibration.items()},
-            "tuned_alpha0": tuned_alphas(runs, args), "rows": rows,
+            "tune_auc": tune_scores(runs, args), "tuned_alpha0": tuned_alphas(runs, args),
+            "rows": rows,
             "fig11a_contrasts": contrasts_a, "fig11b_contrasts": contrasts_b,
-            "sensitivity": sens_rows,
+            "sensitivity": sens_rows, "curves": curves,
             "configs": {r["key"]: r["config"] for r in list(runs.values())[:1]},
             "runs": len(runs)}
 
@@ -395,7 +431,43 @@ def write_outputs(result: dict, out: Path) -> None:
         for r in result["sensitivity"]:
             lines.append(f"| {r['parameter']} | {r['value']:g} | {r['n']} | {fmt(r['auc'])} | "
                          f"{fmt(r['final'])} | {r['staleness_mean'][0]:.1f} |")
+    if result["tune_auc"]:
+        alphas = sorted({a for v in result["tune_auc"].values() for a in map(float, v)})
+        lines += ["", f"## Tuning: mean AUC over seeds {s['tune_seeds']} at L = "
+                      f"{s['tune_learners']}", "",
+                  "| arm | " + " | ".join(f"alpha0 {a:g}" for a in alphas) + " | chosen |",
+                  "|---|" + "---|" * (len(alphas) + 1)]
+        for arm, scores in result["tune_auc"].items():
+            scores = {float(a): v for a, v in scores.items()}
+            cells = [f"{scores[a]:.0f}" if a in scores else "-" for a in alphas]
+            lines.append(f"| {arm} | " + " | ".join(cells)
+                         + f" | {result['tuned_alpha0'][arm]:g} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    if result["curves"]:
+        plot(result, out.with_suffix(".png"))
+
+
+def plot(result: dict, path: Path) -> None:
+    """Mean training return against env steps (t 95% band over seeds), a panel per L."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(c["phase"], c["learners"]) for c in result["curves"]})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (phase, L) in zip(axes[0], panels):
+        for c in (c for c in result["curves"] if (c["phase"], c["learners"]) == (phase, L)):
+            x = np.array(c["env_steps"]) / 1e3
+            lo, hi = np.array(c["lo"], float), np.array(c["hi"], float)
+            (line,) = ax.plot(x, c["mean"], label=f"{c['arm']} (n={c['n']})")
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set(title=f"{phase}: L = {L}, {result['settings']['slots']} slots",
+               xlabel="env steps (k)", ylabel="recent training return")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -412,6 +484,11 @@ def main() -> None:
     p.add_argument("--balance", type=float, default=1.0)
     p.add_argument("--calibrate-n", type=int, default=30)
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                   help="the arms to run (tune, report, pilot); the summary covers all")
+    p.add_argument("--extend", type=int, default=2,
+                   help="tune: times an arm whose best alpha0 sits at its grid's edge is "
+                        "extended past it (x2 or /2)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "virtual_ablation")
     args = p.parse_args()
     cal_path = args.out.with_suffix(".calibration.json")
@@ -427,6 +504,12 @@ def main() -> None:
     runs = load_runs(args.out.with_suffix(".runs.jsonl"))
     if args.phase != "summary":
         execute(plan_for(args.phase, runs, args), args, calibration)
+        runs = load_runs(args.out.with_suffix(".runs.jsonl"))
+    for _ in range(args.extend if args.phase == "tune" else 0):
+        plan = edge_extensions(runs, args)
+        if not plan:
+            break
+        execute(plan, args, calibration)
         runs = load_runs(args.out.with_suffix(".runs.jsonl"))
     write_outputs(summarise(runs, args, calibration), args.out)
     print(args.out.with_suffix(".md").read_text())
