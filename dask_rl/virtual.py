@@ -25,8 +25,11 @@ rollout time and pushes after the learner time; a launch queued behind its slot 
 soon as the slot's environments are free (the running task has collected and is learning:
 :meth:`RunState.slot_lock` is held for the collection only), so a slot's next collection
 overlaps its last learner, as on a worker with a thread free for it. The run stops as the
-driver's does: at ``stop.env_steps`` collected or learned (draining what was collected),
-or at ``stop.wall_s`` of *virtual* time (learners in flight end, rollouts are dropped).
+driver's does, in its order: at ``stop.env_steps`` learned (draining what was collected), at
+``stop.wall_s`` of *virtual* time — exactly then, before any task that ends later — (rollouts
+in flight are dropped, learners in flight push if they end within the driver's
+:data:`~dask_rl.runtime.driver.LEARNER_DRAIN_S`, the rest are abandoned), or at
+``stop.env_steps`` collected (draining).
 
 Deviations from a real cluster, each on purpose
 -----------------------------------------------
@@ -38,10 +41,12 @@ Deviations from a real cluster, each on purpose
 * A learner's update is computed at the moment it ends, so Stellaris' truncation sees the
   peers computing at that moment at the versions they pulled (a real peer publishes its local
   parameters after each epoch; here it has not published yet).
-* Not emulated: evaluations and the target-return stop, checkpoints, faults, an adaptive
-  cluster, sampled replay learners (DQN), population-based training, evolution strategies and
-  ``learner.optimizer_state: local`` (moments kept per worker thread); each is refused with one
-  line, except evaluations, which are skipped.
+* Ignored: evaluations and so the target-return stop, checkpoints and faults (a run ends on
+  its env-step or wall budget). Refused with one line: an adaptive cluster (``cluster.adapt``:
+  it changes who learns where), sampled replay learners (DQN), population-based training,
+  evolution strategies and ``learner.optimizer_state: local`` (moments kept per worker thread).
+* A learner that SSP does not admit asks again at every push, however long that takes; a real
+  one gives up after ``checkpoint.actor_timeout_s``.
 
 Examples
 --------
@@ -71,6 +76,7 @@ from dask_rl.control.launch import FusedLaunch, LaunchPolicy, LearnerLaunch
 from dask_rl.control.replay import TrajectoryReplay
 from dask_rl.control.schedule import RECENT_EPISODES, learner_seed
 from dask_rl.data import PolicySnapshot, Trajectory
+from dask_rl.runtime.driver import LEARNER_DRAIN_S
 from dask_rl.runtime.families import family_of
 from dask_rl.runtime.learners import LearnerTasks
 from dask_rl.runtime.parameter_actor import ParameterActor
@@ -190,6 +196,26 @@ class _Clock:
         self._progress()
         self.shared[next(self.seq)] = [work, action, args]
 
+    def peek(self) -> float:
+        """When the next task ends (``busy`` only)."""
+        if self.cores is None:
+            return self.heap[0][0]
+        self._progress()
+        return self.now + min(task[0] for task in self.shared.values()) / self._rate()
+
+    def advance(self, t: float) -> None:
+        """Move the clock to ``t`` (no later than :meth:`peek`): the tasks progress."""
+        self._progress()
+        self.now = t
+        self._progress()
+
+    def clear(self) -> int:
+        """Drop every task; how many there were."""
+        n = len(self.heap) + len(self.shared)
+        self.heap.clear()
+        self.shared.clear()
+        return n
+
     def next(self) -> tuple[Callable, tuple]:
         """Advance to the next task's end; its action and arguments."""
         if self.cores is None:
@@ -235,6 +261,9 @@ class VirtualCluster:
             raise ConfigError(f"algo.name: the virtual cluster runs gradient learners without "
                               f"a population, got {cfg.algo.name!r}"
                               + (" with population" if cfg.population is not None else ""))
+        if cfg.cluster.adapt is not None:
+            raise ConfigError("cluster.adapt: the virtual cluster has a fixed number of slots "
+                              "and learners (--slots, learner.max_learners); remove adapt")
         if cfg.learner.optimizer_state != "shared":
             raise ConfigError("learner.optimizer_state: the virtual cluster does not model "
                               "moments kept per worker thread ('local'); use 'shared'")
@@ -277,6 +306,10 @@ class VirtualCluster:
         self.queued: dict[int, collections.deque[_Learning]] = collections.defaultdict(
             collections.deque)
         self.dropped_rollouts = 0
+        self.rollouts: list[dict] = []           # each rollout apart: started, ended, status
+        self.stop_reason: str | None = None
+        self.stopped_at: float | None = None
+        self.abandoned = 0                       # tasks still running at the drain's deadline
         self.state: RunState | None = None
         self.actor: ParameterActor | None = None
 
@@ -309,6 +342,8 @@ class VirtualCluster:
         try:
             self._launch()
             while self.clock.busy:
+                if self._wall_reached() or self._drain_expired():
+                    continue
                 action, args = self.clock.next()
                 action(*args)
                 self._check_stop()
@@ -316,7 +351,7 @@ class VirtualCluster:
                 if self.progress and time.perf_counter() - last_progress > PROGRESS_EVERY_S:
                     last_progress = time.perf_counter()
                     self.progress(self._summary(time.perf_counter() - t0))
-            if not self.policy.finished:
+            if not self.policy.finished and not self.abandoned:
                 waiting = ", ".join(j.learner_id for j in self.waiting) or "none"
                 raise RuntimeError(f"the virtual cluster stalled at {self.clock.now:.3f} s: "
                                    f"nothing is scheduled and the run has not ended "
@@ -331,7 +366,7 @@ class VirtualCluster:
                             "learn_time": self.learn_time.describe()},
                 "summary": self._summary(time.perf_counter() - t0),
                 "actor": _jsonable(self.actor.metrics()),
-                "pushes": self.pushes}
+                "pushes": self.pushes, "rollouts": self.rollouts}
 
     def _launch(self) -> None:
         """Start what the launch policy decides (as :meth:`Driver._launch`)."""
@@ -348,14 +383,42 @@ class VirtualCluster:
             self._collect(slot, None)
 
     def _check_stop(self) -> None:
-        """As :meth:`Driver._check_stop`, on the virtual clock."""
+        """As :meth:`Driver._check_stop`, on the virtual clock and in its order: env steps
+        learned (drain), the wall budget (no drain), env steps collected (drain)."""
         if self.policy.stopping:
             return
         stop = self.cfg.stop
-        if self.env_steps >= stop.env_steps or self.collected >= stop.env_steps:
-            self.policy.stop(drain=True)
+        if self.env_steps >= stop.env_steps:
+            reason = "env_steps"
         elif stop.wall_s is not None and self.clock.now >= stop.wall_s:
-            self.policy.stop(drain=False)
+            reason = "wall_s"
+        elif self.collected >= stop.env_steps:
+            reason = "env_steps"
+        else:
+            return
+        self.stop_reason, self.stopped_at = reason, self.clock.now
+        self.policy.stop(drain=reason == "env_steps")
+
+    def _wall_reached(self) -> bool:
+        """The wall budget falls before the next task ends: the run stops at it exactly."""
+        wall_s = self.cfg.stop.wall_s
+        if self.policy.stopping or wall_s is None or self.clock.peek() <= wall_s:
+            return False
+        self.clock.advance(max(wall_s, self.clock.now))
+        self._check_stop()
+        return True
+
+    def _drain_expired(self) -> bool:
+        """A stop without drain waits :data:`LEARNER_DRAIN_S` for the learners in flight, as
+        the driver does; whatever would end later is abandoned."""
+        if not self.policy.stopping or self.policy.draining:
+            return False
+        deadline = self.stopped_at + LEARNER_DRAIN_S
+        if self.clock.peek() <= deadline:
+            return False
+        self.clock.advance(deadline)
+        self.abandoned = self.clock.clear()
+        return True
 
     # ---- rollouts -------------------------------------------------------------------------------
     def _collect(self, slot: int, job: _Learning | None) -> None:
@@ -364,16 +427,21 @@ class VirtualCluster:
         traj = collect_held(self.state, slot, self, None, time.perf_counter())
         delay = self.rollout_time.draw(self.rng)
         if job is None:
-            self.clock.at(delay, self._rollout_done, _Batch(slot, traj))
+            self.rollouts.append({"slot": slot, "started": self.clock.now, "ended": None,
+                                  "status": "running"})
+            self.clock.at(delay, self._rollout_done, _Batch(slot, traj), self.rollouts[-1])
         else:
             job.batch = _Batch(slot, traj)
             self.clock.at(delay, self._collected, job)
 
-    def _rollout_done(self, batch: _Batch) -> None:
+    def _rollout_done(self, batch: _Batch, record: dict) -> None:
+        record["ended"] = self.clock.now
         if self.policy.stopping and not self.policy.draining:
             self.dropped_rollouts += 1       # cancelled at the end of the run
+            record["status"] = "dropped"
             self.policy.rollout_failed(batch.slot)
             return
+        record["status"] = "collected"
         self.collected += self.cfg.batch_size
         self.policy.rollout_done(batch.slot, batch)
         self.tasks.collected(batch.slot, batch)
@@ -470,7 +538,8 @@ class VirtualCluster:
                 "staleness": staleness,
                 "admission": {"waited": int((waits > 0).sum()),
                               "wait_s_mean": float(waits.mean()) if waits.size else 0.0},
-                "dropped_rollouts": self.dropped_rollouts}
+                "dropped_rollouts": self.dropped_rollouts, "stop_reason": self.stop_reason,
+                "stopped_at": self.stopped_at, "abandoned": self.abandoned}
 
 
 def _jsonable(metrics: dict) -> dict:

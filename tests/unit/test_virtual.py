@@ -122,6 +122,69 @@ def test_a_virtual_wall_budget_stops_rollouts_and_lets_learners_end(pipelines):
     assert r["summary"]["env_steps"] < 20000
 
 
+def test_the_wall_budget_stops_at_its_moment_not_at_the_next_task(pipelines):
+    """Every task takes 1 s, so tasks end on whole seconds; the budget is 5.5 s. The stop
+    comes at 5.5 exactly: every rollout that ends later (at 6) is dropped, every one that
+    ended before is collected, and the env steps collected are those rollouts'."""
+    cfg = _cfg(pipelines, "learner.max_learners=2", "learner.fused=false", "stop.wall_s=5.5")
+    r = _run(cfg, slots=4)
+    s, rollouts = r["summary"], r["rollouts"]
+    assert (s["stop_reason"], s["stopped_at"]) == ("wall_s", 5.5)
+    late = [x for x in rollouts if x["ended"] > 5.5]
+    assert late and {x["ended"] for x in late} == {6.0}
+    assert {x["status"] for x in late} == {"dropped"}
+    assert {x["status"] for x in rollouts if x["ended"] <= 5.5} == {"collected"}
+    collected = sum(x["status"] == "collected" for x in rollouts)
+    assert s["env_steps_collected"] == collected * cfg.batch_size
+    assert s["dropped_rollouts"] == len(late)
+
+
+def test_a_stop_without_drain_waits_for_learners_as_long_as_the_driver(pipelines):
+    """After the wall budget the driver waits LEARNER_DRAIN_S (60 s) for learners in flight:
+    learners of 30 s push, learners of 100 s are abandoned at 5.5 + 60 s."""
+    cfg = _cfg(pipelines, "learner.max_learners=2", "learner.fused=false", "stop.wall_s=5.5")
+    short = _run(cfg, slots=4, learn=TaskTime(30.0))
+    assert short["summary"]["abandoned"] == 0
+    assert max(p["t"] for p in short["pushes"]) > 5.5
+    long = _run(cfg, slots=4, learn=TaskTime(100.0))
+    assert long["summary"]["abandoned"] == 2            # the two learners in flight
+    assert long["summary"]["virtual_s"] == pytest.approx(65.5)
+    assert all(p["t"] <= 5.5 for p in long["pushes"])
+
+
+@pytest.mark.parametrize("learned, collected, now, reason, drain", [
+    (6000, 6000, 9.0, "env_steps", True),     # learned comes first, even past the wall
+    (5000, 6000, 9.0, "wall_s", False),       # the wall comes before collected
+    (5000, 6000, 1.0, "env_steps", True),     # collected, before the wall
+    (5000, 5000, 1.0, None, False),
+])
+def test_the_stop_takes_the_drivers_order(pipelines, learned, collected, now, reason, drain):
+    cfg = _cfg(pipelines, "stop.env_steps=6000", "stop.wall_s=5")
+    vc = VirtualCluster(cfg, slots=2, rollout_time=TaskTime(1.0), learn_time=TaskTime(1.0))
+    vc.env_steps, vc.collected, vc.clock.now = learned, collected, now
+    vc._check_stop()
+    assert vc.stop_reason == reason
+    assert vc.policy.stopping == (reason is not None)
+    assert vc.policy.draining == drain
+
+
+def test_impact_replays_each_trajectory_and_rounds_count_first_uses(pipelines):
+    """IMPACT with replay 2 on one slot and two learners, every task 1 s: each trajectory is
+    learned when it arrives and once more beside it (the last one's replay is cut by the
+    stop); env steps and Stellaris' rounds (beta's decay) count first uses only."""
+    cfg = load_pipeline(pipelines / "impact_cartpole.yaml",
+                        ["stop.env_steps=4000", "learner.max_learners=2"])
+    r = _run(cfg, slots=1)
+    first = [p for p in r["pushes"] if p["first_use"]]
+    replays = [p for p in r["pushes"] if not p["first_use"]]
+    assert len(first) == 8 and len(replays) == 7
+    assert r["summary"]["env_steps"] == len(first) * cfg.batch_size
+    assert r["summary"]["rounds"] == r["actor"]["round"] == len(first)
+    for replay in replays:      # learned beside the next trajectory's first use, same pull
+        twin = [p for p in first if p["t"] == replay["t"]]
+        assert twin and twin[0]["version_pulled"] == replay["version_pulled"]
+
+
 def test_env_step_budget_drains_what_was_collected(pipelines):
     r = _run(_cfg(pipelines, "learner.max_learners=2", "stop.env_steps=5000"), slots=4)
     s = r["summary"]
@@ -163,6 +226,9 @@ def test_on_shared_cores_equal_learners_push_in_the_order_they_pulled(pipelines)
     assert pulled == sorted(pulled)
     assert max(p["staleness"] for p in shared["pushes"]) <= 2
     assert shared["cluster"]["cores"] == 2
+    # 4 rollouts and up to 3 learners share 2 cores: every task runs slower than alone
+    own = _run(cfg)
+    assert shared["summary"]["virtual_s"] > 2 * own["summary"]["virtual_s"]
     spread = _run(cfg, learn=TaskTime(1.0, 1.0))
     pulled = [p["version_pulled"] for p in spread["pushes"]]
     assert pulled != sorted(pulled)
@@ -187,6 +253,7 @@ def test_task_times():
     ("es_cartpole.yaml", [], "runs gradient learners without a population"),
     ("pbt_cartpole.yaml", [], "without a population, got 'ppo' with population"),
     ("ppo_cartpole.yaml", ["--set", "learner.optimizer_state=local"], "optimizer_state"),
+    ("ppo_cartpole.yaml", ["--set", "cluster.adapt.maximum=4"], "cluster.adapt"),
     ("ppo_cartpole.yaml", ["--rollout-s", "-1"], "a task time needs mean > 0"),
     ("ppo_cartpole.yaml", ["--learners", "0"], "--learners: must be >= 1"),
 ])
