@@ -25,6 +25,7 @@ from dask_rl.config import (
     public_dict,
     to_dict,
 )
+from dask_rl.config.schema import JOBQUEUE_KINDS
 from dask_rl.data import Progress
 
 logger = logging.getLogger(__name__)
@@ -233,6 +234,10 @@ def preflight(cfg: PipelineConfig, run_dir: Path, *, resume: bool = False, clien
         from dask_rl import tracking
 
         tracking.check(cfg)
+    if client is None and address is None and cfg.cluster.kind in JOBQUEUE_KINDS:
+        from dask_rl.deploy.jobqueue import check_batch_system
+
+        check_batch_system(cfg.cluster)   # before any job is submitted
     embedded = client is None and address is None and cfg.cluster.kind == "local" \
         and cfg.cluster.address is None
     if embedded:

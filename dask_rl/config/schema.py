@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 __all__ = ["ConfigError", "option", "AlgoConfig", "AggregationConfig", "EnvConfig",
            "ModelConfig", "RolloutConfig", "LearnerConfig", "StopConfig", "CheckpointConfig",
-           "AdaptConfig", "SecurityConfig", "KubernetesConfig", "ClusterConfig",
+           "AdaptConfig", "SecurityConfig", "KubernetesConfig", "JobQueueConfig",
+           "ClusterConfig",
            "LoggingConfig", "MlflowConfig",
            "PopulationConfig", "PipelineConfig"]
 
@@ -272,12 +274,65 @@ class KubernetesConfig:
                                           "with mutual authentication")
 
 
+WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")
+SIZE = re.compile(r"^\d+(\.\d+)?\s*([kmgtp]i?b?|b)$", re.IGNORECASE)   # what dask reads: 4GB, 2GiB
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobQueueConfig:
+    """``cluster.kind`` slurm, pbs, sge or lsf: workers as batch jobs (dask-jobqueue)."""
+
+    queue: str | None = option(None, "partition (SLURM) or queue the worker jobs go to "
+                                     "(None: the scheduler's default)")
+    account: str | None = option(None, "account (project) the jobs are charged to")
+    walltime: str = option("01:00:00", "each worker job's time limit, [D-]HH:MM[:SS]")
+    cores: int = option(1, "cores per job, shared by its worker processes", ge=1)
+    memory: str = option("4GB", "memory per job, shared by its worker processes")
+    processes: int = option(1, "Dask worker processes per job (1: cancelling a job takes "
+                               "one worker; cluster.n_workers and adapt count workers, so "
+                               "jobs = workers / processes)", ge=1)
+    job_extra_directives: tuple[str, ...] = option((), "more #SBATCH/#PBS/#$/#BSUB lines, "
+                                                       "e.g. --constraint=haswell")
+    job_script_prologue: tuple[str, ...] = option((), "shell lines run before the worker, "
+                                                      "e.g. module load, source venv")
+    python: str | None = option(None, "the Python on the compute nodes (None: this one, "
+                                      "sys.executable)")
+    interface: str | None = option(None, "network interface workers and scheduler talk on, "
+                                         "e.g. ib0 (None: the default route)")
+    scheduler_host: str | None = option(None, "address the scheduler listens on (None: this "
+                                              "host's; 127.0.0.1 for a one-node cluster)")
+    log_directory: str | None = option(None, "where the jobs' stdout/stderr go (None: the "
+                                             "batch system's default)")
+    learner_workers: int = option(0, "jobs of the GPU learner group (one worker each, never "
+                                     "scaled; learner.gpus > 0 sends learners there)", ge=0)
+    learner_gpus: int = option(1, "GPUs per learner job: --gres=gpu:N (SLURM) and the "
+                                  "worker's GPU resource", ge=1)
+    learner_memory: str = option("16GB", "memory per learner job")
+
+    def __post_init__(self) -> None:
+        if not WALLTIME.match(self.walltime):
+            raise ConfigError(f"walltime: [D-]HH:MM[:SS], got {self.walltime!r}")
+        for key in ("memory", "learner_memory"):
+            value = getattr(self, key)
+            if not SIZE.match(value):
+                raise ConfigError(f"{key}: a size such as 4GB, got {value!r}")
+        if self.processes > self.cores:
+            raise ConfigError(f"processes: at most cores ({self.cores}) worker processes per "
+                              f"job, got {self.processes}")
+
+
+JOBQUEUE_KINDS = ("slurm", "pbs", "sge", "lsf")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     kind: str = option("local", "local: embedded LocalCluster; address: an existing scheduler; "
-                                "kubernetes: a DaskCluster by the dask-kubernetes operator",
-                       choices=("local", "address", "kubernetes"))
-    n_workers: int = option(2, "local: worker processes", ge=1)
+                                "kubernetes: a DaskCluster by the dask-kubernetes operator; "
+                                "slurm, pbs, sge, lsf: worker jobs on an HPC batch system "
+                                "(dask-jobqueue, extra hpc; see cluster.jobqueue)",
+                       choices=("local", "address", "kubernetes", *JOBQUEUE_KINDS))
+    n_workers: int = option(2, "local: worker processes; slurm/pbs/sge/lsf: workers of the "
+                               "default (rollout) group, started as jobs", ge=1)
     threads_per_worker: int = option(1, "local: threads per worker (more threads in all than "
                                         "cores share them, slower; the run warns)", ge=1)
     processes: bool = option(True, "local: worker processes (False: threads in this process)")
@@ -299,6 +354,8 @@ class ClusterConfig:
     security: SecurityConfig | None = option(None, "TLS for kind address (tls:// schedulers)")
     kubernetes: KubernetesConfig = option(doc="kind kubernetes: the cluster to create",
                                           default_factory=KubernetesConfig)
+    jobqueue: JobQueueConfig = option(doc="kind slurm, pbs, sge, lsf: the worker jobs",
+                                      default_factory=JobQueueConfig)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,6 @@
 """Clients for the ``cluster:`` section: an embedded LocalCluster, an existing scheduler (TCP
-or TLS), or a DaskCluster created by the dask-kubernetes operator; with ``cluster.adapt``,
+or TLS), a DaskCluster created by the dask-kubernetes operator, or worker jobs on an HPC batch
+system (SLURM, PBS, SGE, LSF through dask-jobqueue); with ``cluster.adapt``,
 adaptive scaling driven by the scheduler-side RL policy (:mod:`dask_rl.runtime.adaptive`)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import dask
 from distributed import Client, LocalCluster
 
 from dask_rl.config import ClusterConfig, ConfigError
+from dask_rl.config.schema import JOBQUEUE_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,10 @@ def connect(cfg: ClusterConfig, *, address: str | None = None,
         return
     if cfg.kind == "kubernetes":
         with _kubernetes(cfg) as client:
+            yield client
+        return
+    if cfg.kind in JOBQUEUE_KINDS:
+        with _jobqueue(cfg, n_workers or cfg.n_workers) as client:
             yield client
         return
     preloads = [ADAPTIVE_PRELOAD] + ([DASHBOARD_PRELOAD] if cfg.dashboard else [])
@@ -225,6 +231,48 @@ def _kubernetes(cfg: ClusterConfig) -> Iterator[Client]:
         with Client(cluster) as client:
             yield client
     finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def _jobqueue(cfg: ClusterConfig, n_workers: int) -> Iterator[Client]:
+    """Workers as batch jobs (:mod:`dask_rl.deploy.jobqueue`), the scheduler in this process.
+    Checked before any job is submitted; every job is cancelled on exit."""
+    from dask_rl.deploy.jobqueue import check_batch_system, cluster_class, job_class, job_kwargs
+
+    check_batch_system(cfg)
+    jq = cfg.jobqueue
+    preloads = [ADAPTIVE_PRELOAD] + ([DASHBOARD_PRELOAD] if cfg.dashboard else [])
+    scheduler_options = {"preload": preloads,
+                         "dashboard_address": cfg.dashboard_address if cfg.dashboard else None}
+    if jq.scheduler_host is not None:
+        scheduler_options["host"] = jq.scheduler_host
+    settings = {"distributed.worker.profile.enabled": cfg.profile}
+    with dask.config.set(settings):
+        cluster = cluster_class(cfg.kind)(scheduler_options=scheduler_options,
+                                          **job_kwargs(cfg))
+    learners = []
+    try:
+        for i in range(jq.learner_workers):   # fixed, apart from what adapt scales
+            job = job_class(cfg.kind)(scheduler=cluster.scheduler_address,
+                                      name=f"dask-rl-learner-{i}",
+                                      **job_kwargs(cfg, group="learner"))
+            cluster.sync(job.start)
+            learners.append(job)
+        if cfg.adapt is not None:
+            cluster.adapt(minimum=cfg.adapt.minimum, maximum=cfg.adapt.maximum,
+                          interval=f"{cfg.adapt.interval_s}s", wait_count=cfg.adapt.wait_count)
+        else:
+            cluster.scale(n=n_workers)
+        logger.info("%s: %d worker job(s) submitted; the run starts when the first worker "
+                    "joins", cfg.kind, len(cluster.worker_spec) + len(learners))
+        with Client(cluster) as client:
+            client.wait_for_workers(1)
+            yield client
+    finally:
+        for job in learners:
+            with contextlib.suppress(Exception):
+                cluster.sync(job.close)
         cluster.close()
 
 
