@@ -274,7 +274,7 @@ class KubernetesConfig:
                                           "with mutual authentication")
 
 
-WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")
+WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:[0-5]\d:[0-5]\d$")
 SIZE = re.compile(r"^\d+(\.\d+)?\s*([kmgtp]i?b?|b)$", re.IGNORECASE)   # what dask reads: 4GB, 2GiB
 
 
@@ -285,14 +285,16 @@ class JobQueueConfig:
     queue: str | None = option(None, "partition (SLURM) or queue the worker jobs go to "
                                      "(None: the scheduler's default)")
     account: str | None = option(None, "account (project) the jobs are charged to")
-    walltime: str = option("01:00:00", "each worker job's time limit, [D-]HH:MM[:SS]")
+    walltime: str = option("01:00:00", "each worker job's time limit, [D-]HH:MM:SS (written "
+                                        "in each system's own form)")
     cores: int = option(1, "cores per job, shared by its worker processes", ge=1)
     memory: str = option("4GB", "memory per job, shared by its worker processes")
     processes: int = option(1, "Dask worker processes per job (1: cancelling a job takes "
                                "one worker; cluster.n_workers and adapt count workers, so "
                                "jobs = workers / processes)", ge=1)
-    job_extra_directives: tuple[str, ...] = option((), "more #SBATCH/#PBS/#$/#BSUB lines, "
-                                                       "e.g. --constraint=haswell")
+    job_extra_directives: tuple[str, ...] = option((), "more #SBATCH/#PBS/#$/#BSUB lines for "
+                                                       "the rollout jobs, e.g. "
+                                                       "--constraint=haswell")
     job_script_prologue: tuple[str, ...] = option((), "shell lines run before the worker, "
                                                       "e.g. module load, source venv")
     python: str | None = option(None, "the Python on the compute nodes (None: this one, "
@@ -308,10 +310,13 @@ class JobQueueConfig:
     learner_gpus: int = option(1, "GPUs per learner job: --gres=gpu:N (SLURM) and the "
                                   "worker's GPU resource", ge=1)
     learner_memory: str = option("16GB", "memory per learner job")
+    learner_extra_directives: tuple[str, ...] = option((), "more directives for the learner "
+                                                           "jobs (their GPUs off SLURM, e.g. "
+                                                           "-l ngpus=1 on PBS)")
 
     def __post_init__(self) -> None:
         if not WALLTIME.match(self.walltime):
-            raise ConfigError(f"walltime: [D-]HH:MM[:SS], got {self.walltime!r}")
+            raise ConfigError(f"walltime: [D-]HH:MM:SS, got {self.walltime!r}")
         for key in ("memory", "learner_memory"):
             value = getattr(self, key)
             if not SIZE.match(value):

@@ -8,13 +8,16 @@ gone is a recovery like any lost worker. Two groups:
   per job; ``cluster.adapt`` scales them by the scheduler-side RL policy
   (:mod:`dask_rl.runtime.adaptive`), its bounds in workers as on every other cluster;
 * **learner** (``cluster.jobqueue.learner_workers`` jobs, never scaled): one worker per job with
-  ``learner_gpus`` GPUs, requested as ``--gres=gpu:N`` on SLURM (a directive the user gives
-  on other systems) and offered to Dask as the ``GPU`` resource that learners with
-  ``learner.gpus > 0`` ask for.
+  ``learner_gpus`` GPUs, requested as ``--gres=gpu:N`` on SLURM (on other systems through
+  ``learner_extra_directives``) and offered to Dask as the ``GPU`` resource that learners
+  with ``learner.gpus > 0`` ask for.
 
-Everything is validated before any job is submitted (:func:`check_batch_system`): the
-submission command on ``PATH``, the controller answering and the queue existing (SLURM),
-and the job script rendering. A failure is one line (exit 2 from the CLI).
+Checked before any job is submitted (:func:`check_batch_system`): the job scripts render, the
+submission command is on ``PATH``, and on SLURM the controller answers, the partition exists
+and ``sbatch --test-only`` accepts each script (account, resources, memory against the
+nodes). A failure is one line (exit 2 from the CLI). Not checked ahead: ``interface`` and
+``scheduler_host`` (a wrong one fails as the scheduler starts), and, off SLURM, what only the
+batch system knows.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import importlib
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from dask_rl.config import ClusterConfig, ConfigError
 
@@ -55,24 +59,40 @@ def job_kwargs(cfg: ClusterConfig, *, group: str = "rollout") -> dict:
     """dask-jobqueue's keyword arguments for one job of ``group`` (rollout or learner)."""
     jq = cfg.jobqueue
     learner = group == "learner"
-    extra = list(jq.job_extra_directives)
+    extra = list(jq.learner_extra_directives if learner else jq.job_extra_directives)
     worker_args = []   # (jobs run in sessions of their own: the driver's Ctrl-C is its own)
     if learner:
         if cfg.kind == "slurm":
             extra.append(f"--gres=gpu:{jq.learner_gpus}")
         worker_args += ["--resources", f"GPU={jq.learner_gpus}"]
-    kwargs = {"queue": jq.queue, "walltime": jq.walltime,
+    # the workers read their own Dask config: the profiler as cluster.profile says
+    prologue = [f"export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED={cfg.profile}",
+                *jq.job_script_prologue]
+    kwargs = {"queue": jq.queue, "walltime": walltime(cfg.kind, jq.walltime),
               "cores": jq.cores, "processes": 1 if learner else jq.processes,
               "memory": jq.learner_memory if learner else jq.memory,
-              "job_extra_directives": extra, "job_script_prologue": list(jq.job_script_prologue),
+              "job_extra_directives": extra, "job_script_prologue": prologue,
               "worker_extra_args": worker_args, "python": jq.python or sys.executable,
               "interface": jq.interface, "log_directory": jq.log_directory,
               "job_name": f"dask-rl-{group}"}
     if jq.account is not None:   # SGE and LSF call it the project
         kwargs["account" if cfg.kind in ("slurm", "pbs") else "project"] = jq.account
-    if cfg.kind == "lsf" and jq.walltime.count(":") == 2:   # LSF's -W takes [HH:]MM
-        kwargs["walltime"] = jq.walltime.rsplit(":", 1)[0]
     return kwargs
+
+
+def walltime(kind: str, text: str) -> str:
+    """``[D-]HH:MM:SS`` as ``kind`` writes it: SLURM as given, PBS and SGE ``HH:MM:SS`` (days
+    as hours), LSF ``HH:MM`` (its -W takes no seconds; they round up to a minute)."""
+    days, _, clock = text.rpartition("-")
+    h, m, sec = (int(x) for x in clock.split(":"))
+    h += 24 * int(days or 0)
+    if kind == "slurm":
+        return text
+    if kind == "lsf":
+        m += sec > 0
+        h, m = h + m // 60, m % 60
+        return f"{h:02d}:{m:02d}"
+    return f"{h:02d}:{m:02d}:{sec:02d}"
 
 
 def job_script(cfg: ClusterConfig, *, group: str = "rollout",
@@ -91,31 +111,64 @@ def job_script(cfg: ClusterConfig, *, group: str = "rollout",
 
 def check_batch_system(cfg: ClusterConfig) -> None:
     """Everything that can be checked before a job is submitted; one line if not."""
+    jq = cfg.jobqueue
+    if jq.processes > 1 and cfg.adapt is not None:
+        raise ConfigError("cluster.jobqueue.processes: one worker process per job with "
+                          "cluster.adapt (closing one worker cancels its whole job, the "
+                          "parameter actor's worker with it if it is there)")
+    if cfg.n_workers % jq.processes:
+        raise ConfigError(f"cluster.n_workers: a multiple of cluster.jobqueue.processes "
+                          f"({jq.processes}) workers, got {cfg.n_workers}")
     command = SYSTEMS[cfg.kind][3]
-    for group in ("rollout", "learner") if cfg.jobqueue.learner_workers else ("rollout",):
-        job_script(cfg, group=group)
-    if shutil.which(command) is None:
-        raise ConfigError(f"cluster.kind: {cfg.kind} submits jobs with {command}, which is "
-                          f"not on PATH (run on a login node of the cluster)")
+    groups = ("rollout", "learner") if jq.learner_workers else ("rollout",)
+    scripts = {group: job_script(cfg, group=group) for group in groups}
+    for needed in (command, "sinfo") if cfg.kind == "slurm" else (command,):
+        if shutil.which(needed) is None:
+            raise ConfigError(f"cluster.kind: {cfg.kind} needs {needed}, which is not on PATH "
+                              f"(run on a login node of the cluster)")
     if cfg.kind == "slurm":
         partitions = _slurm_partitions()
-        queue = cfg.jobqueue.queue
+        queue = jq.queue
         if queue is not None and queue not in partitions:
             raise ConfigError(f"cluster.jobqueue.queue: no SLURM partition {queue!r} (sinfo "
                               f"lists {', '.join(sorted(partitions)) or 'none'})")
+        for group, script in scripts.items():
+            _sbatch_test_only(group, script)
+
+
+def _last_error(text: str) -> str:
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    said = [x for x in lines if "error" in x.lower() or "unable" in x.lower()
+            or "failure" in x.lower()] or lines
+    return said[-1][:200] if said else "no output"
+
+
+def _sbatch_test_only(group: str, script: str) -> None:
+    """SLURM's own check of a job script, which submits nothing: account, partition limits,
+    resources (``--gres``), memory and cores against the nodes."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sh") as f:
+        f.write(script)
+        f.flush()
+        try:
+            out = subprocess.run(["sbatch", "--test-only", f.name], capture_output=True,
+                                 text=True, timeout=CONTROLLER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"cluster.kind: slurm: sbatch --test-only did not answer within "
+                              f"{CONTROLLER_TIMEOUT_S:.0f} s") from None
+    if out.returncode != 0:
+        why = _last_error(out.stderr or out.stdout).removeprefix("sbatch: error: ")
+        raise ConfigError(f"cluster.jobqueue: SLURM refuses the {group} job ({why})")
 
 
 def _slurm_partitions() -> set[str]:
     """The partitions the SLURM controller reports (it answering is the check)."""
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
-                             timeout=CONTROLLER_TIMEOUT_S)
+        out = subprocess.run(["sinfo", "--all", "-h", "-o", "%P"], capture_output=True,
+                             text=True, timeout=CONTROLLER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ConfigError(f"cluster.kind: slurm: the controller did not answer sinfo within "
                           f"{CONTROLLER_TIMEOUT_S:.0f} s") from None
     if out.returncode != 0:
-        lines = [x.strip() for x in (out.stderr or out.stdout).splitlines() if x.strip()]
-        said = [x for x in lines if "error" in x.lower() or "unable" in x.lower()] or lines
-        why = said[-1].removeprefix("sinfo: error: ")[:200] if said else "no output"
+        why = _last_error(out.stderr or out.stdout).removeprefix("sinfo: error: ")
         raise ConfigError(f"cluster.kind: slurm: the controller is unreachable (sinfo: {why})")
     return {p.strip().rstrip("*") for p in out.stdout.split() if p.strip()}

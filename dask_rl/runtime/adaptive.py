@@ -13,7 +13,8 @@ does it for its embedded clusters), this module:
   target then follows), and with Dask's own estimate otherwise (reports older than ``STALE_S``
   are ignored, so a finished run lets the cluster shrink);
 * never offers a worker that holds an actor in ``workers_to_close``: adaptive scale-down would
-  otherwise close the parameter actor's worker (FACTS.md).
+  otherwise close the parameter actor's worker (FACTS.md); nor one of the fixed groups'
+  (workers offering the ``GPU`` or ``parameter`` resource: learner jobs and pods).
 """
 
 from __future__ import annotations
@@ -81,11 +82,13 @@ class RLAdaptive(SchedulerPlugin):
 
     def workers_to_close(self, *args, **kwargs) -> list:
         proposed = self.dask_workers_to_close(*args, **kwargs)
-        keep = {ws.address for ws in self.scheduler.workers.values() if ws.actors}
-        keep |= {ws.name for ws in self.scheduler.workers.values() if ws.actors}
+        # an actor's worker, and the fixed groups' (GPU learners, the parameter group)
+        held = [ws for ws in self.scheduler.workers.values()
+                if ws.actors or ws.resources.get("GPU") or ws.resources.get("parameter")]
+        keep = {ws.address for ws in held} | {ws.name for ws in held}
         spared = [w for w in proposed if w in keep]
         if spared:
-            logger.info("not closing %s: it holds an actor", spared)
+            logger.info("not closing %s: it holds an actor or is in a fixed group", spared)
         return [w for w in proposed if w not in keep]
 
     def state(self) -> dict:

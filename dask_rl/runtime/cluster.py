@@ -259,13 +259,13 @@ def _jobqueue(cfg: ClusterConfig, n_workers: int) -> Iterator[Client]:
                                       **job_kwargs(cfg, group="learner"))
             cluster.sync(job.start)
             learners.append(job)
+        cluster.scale(n=n_workers)   # then, with adapt, the RL policy's target
         if cfg.adapt is not None:
             cluster.adapt(minimum=cfg.adapt.minimum, maximum=cfg.adapt.maximum,
                           interval=f"{cfg.adapt.interval_s}s", wait_count=cfg.adapt.wait_count)
-        else:
-            cluster.scale(n=n_workers)
-        logger.info("%s: %d worker job(s) submitted; the run starts when the first worker "
-                    "joins", cfg.kind, len(cluster.worker_spec) + len(learners))
+        logger.warning("%s: %d rollout and %d learner job(s) submitted; the run starts when "
+                       "the first worker joins (squeue shows them)", cfg.kind,
+                       len(cluster.worker_spec), len(learners))
         with Client(cluster) as client:
             client.wait_for_workers(1)
             yield client

@@ -9,7 +9,7 @@ import pytest
 
 from dask_rl.cli import main
 from dask_rl.config import ConfigError, load_pipeline
-from dask_rl.deploy.jobqueue import check_batch_system, job_script
+from dask_rl.deploy.jobqueue import check_batch_system, job_script, walltime
 
 
 def _cluster(pipelines, *overrides):
@@ -76,7 +76,8 @@ def test_other_batch_systems_take_the_same_keys(pipelines, kind, prefix, expecte
 
 
 @pytest.mark.parametrize("override, message", [
-    ("cluster.jobqueue.walltime=10h", "cluster.jobqueue.walltime: [D-]HH:MM[:SS]"),
+    ("cluster.jobqueue.walltime=10h", "cluster.jobqueue.walltime: [D-]HH:MM:SS"),
+    ("cluster.jobqueue.walltime=01:30", "cluster.jobqueue.walltime: [D-]HH:MM:SS"),
     ("cluster.jobqueue.memory=lots", "cluster.jobqueue.memory: a size such as 4GB"),
     ("cluster.jobqueue.processes=3", "processes: at most cores (1)"),
     ("cluster.jobqueue.partition=debug", "partition"),
@@ -92,5 +93,41 @@ def test_bad_keys_are_one_line_before_anything_starts(pipelines, capsys, tmp_pat
 
 def test_no_submission_command_is_one_line(pipelines, monkeypatch):
     monkeypatch.setenv("PATH", os.devnull)
-    with pytest.raises(ConfigError, match="submits jobs with sbatch, which is not on PATH"):
+    with pytest.raises(ConfigError, match="slurm needs sbatch, which is not on PATH"):
         check_batch_system(_cluster(pipelines))
+
+
+def test_walltimes_in_each_systems_form():
+    """Worked by hand: a day is 24 h; LSF's -W has no seconds, so they round up."""
+    assert walltime("slurm", "1-02:30:00") == "1-02:30:00"
+    assert walltime("pbs", "1-02:30:00") == "26:30:00"
+    assert walltime("sge", "00:05:09") == "00:05:09"
+    assert walltime("lsf", "01:00:30") == "01:01"
+    assert walltime("lsf", "00:59:59") == "01:00"
+    assert walltime("lsf", "2-00:00:00") == "48:00"
+
+
+def test_learner_directives_and_the_profiler_reach_their_jobs(pipelines):
+    cfg = _cluster(pipelines, "cluster.jobqueue.learner_workers=1",
+                   "cluster.jobqueue.job_extra_directives=[--constraint=cpu]",
+                   "cluster.jobqueue.learner_extra_directives=[--constraint=a100]")
+    rollout, learner = job_script(cfg), job_script(cfg, group="learner")
+    assert "--constraint=cpu" in _directives(rollout, "#SBATCH")
+    assert "--constraint=a100" not in _directives(rollout, "#SBATCH")
+    assert "--constraint=a100" in _directives(learner, "#SBATCH")
+    assert "--constraint=cpu" not in _directives(learner, "#SBATCH")
+    # the workers read their own Dask config: the profiler off unless cluster.profile
+    assert "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False" in rollout
+    on = _cluster(pipelines, "cluster.profile=true")
+    assert "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True" in job_script(on)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["cluster.jobqueue.cores=2", "cluster.jobqueue.processes=2", "cluster.adapt.maximum=4"],
+     "one worker process per job with cluster.adapt"),
+    (["cluster.jobqueue.cores=2", "cluster.jobqueue.processes=2", "cluster.n_workers=3"],
+     "cluster.n_workers: a multiple of cluster.jobqueue.processes (2) workers, got 3"),
+])
+def test_job_shapes_that_would_close_or_add_workers_are_refused(pipelines, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_batch_system(_cluster(pipelines, *overrides))
