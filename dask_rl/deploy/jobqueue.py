@@ -136,11 +136,20 @@ def check_batch_system(cfg: ClusterConfig) -> None:
             _sbatch_test_only(group, script)
 
 
-def _last_error(text: str) -> str:
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    said = [x for x in lines if "error" in x.lower() or "unable" in x.lower()
-            or "failure" in x.lower()] or lines
-    return said[-1][:200] if said else "no output"
+def _slurm(*command: str) -> tuple[bool, str]:
+    """Run a SLURM command: (whether it succeeded, its stdout or its last error line)."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True,
+                             timeout=CONTROLLER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"cluster.kind: slurm: the controller did not answer {command[0]} "
+                          f"within {CONTROLLER_TIMEOUT_S:.0f} s") from None
+    if out.returncode == 0:
+        return True, out.stdout
+    lines = [x.strip() for x in (out.stderr or out.stdout).splitlines() if x.strip()]
+    said = [x for x in lines if any(w in x.lower() for w in ("error", "unable", "failure"))]
+    why = (said or lines or ["no output"])[-1][:200]
+    return False, why.removeprefix(f"{command[0]}: error: ")
 
 
 def _sbatch_test_only(group: str, script: str) -> None:
@@ -149,26 +158,14 @@ def _sbatch_test_only(group: str, script: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".sh") as f:
         f.write(script)
         f.flush()
-        try:
-            out = subprocess.run(["sbatch", "--test-only", f.name], capture_output=True,
-                                 text=True, timeout=CONTROLLER_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise ConfigError(f"cluster.kind: slurm: sbatch --test-only did not answer within "
-                              f"{CONTROLLER_TIMEOUT_S:.0f} s") from None
-    if out.returncode != 0:
-        why = _last_error(out.stderr or out.stdout).removeprefix("sbatch: error: ")
+        ok, why = _slurm("sbatch", "--test-only", f.name)
+    if not ok:
         raise ConfigError(f"cluster.jobqueue: SLURM refuses the {group} job ({why})")
 
 
 def _slurm_partitions() -> set[str]:
     """The partitions the SLURM controller reports (it answering is the check)."""
-    try:
-        out = subprocess.run(["sinfo", "--all", "-h", "-o", "%P"], capture_output=True,
-                             text=True, timeout=CONTROLLER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"cluster.kind: slurm: the controller did not answer sinfo within "
-                          f"{CONTROLLER_TIMEOUT_S:.0f} s") from None
-    if out.returncode != 0:
-        why = _last_error(out.stderr or out.stdout).removeprefix("sinfo: error: ")
-        raise ConfigError(f"cluster.kind: slurm: the controller is unreachable (sinfo: {why})")
-    return {p.strip().rstrip("*") for p in out.stdout.split() if p.strip()}
+    ok, out = _slurm("sinfo", "--all", "-h", "-o", "%P")
+    if not ok:
+        raise ConfigError(f"cluster.kind: slurm: the controller is unreachable (sinfo: {out})")
+    return {p.strip().rstrip("*") for p in out.split() if p.strip()}
