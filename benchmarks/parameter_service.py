@@ -192,11 +192,11 @@ def new_actor(client, worker: str, size: int, learners: int, combine: bool):
 
 
 def combined_counts(key: str) -> dict:
-    """This worker's combiners of calls to the actor ``key``: calls made and trips sent."""
+    """This worker's combiner of calls to the actor ``key``: calls made (in all and per
+    method) and trips sent."""
     from dask_rl.runtime import combiner
 
-    return {method: {"calls": calls, "trips": trips}
-            for method, (calls, trips) in combiner.counts(key).items()}
+    return combiner.counts(key)
 
 
 PATHS = {"uncombined": (False, False), "combined": (True, False),
@@ -272,8 +272,8 @@ def _ms(x: float | None) -> str:
 
 def per_trip(w: dict) -> str:
     """Mean calls per trip over the callers' combiners ("—": not combined)."""
-    calls = sum(c["calls"] for per in w["combined"].values() for c in per.values())
-    trips = sum(c["trips"] for per in w["combined"].values() for c in per.values())
+    calls = sum(per["calls"] for per in w["combined"].values())
+    trips = sum(per["trips"] for per in w["combined"].values())
     return f"{calls / trips:.1f}" if trips else "—"
 
 

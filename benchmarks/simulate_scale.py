@@ -490,9 +490,9 @@ def _service_task(actor, size: int, calls: int, in_flight: int, local: bool) -> 
 
 
 def _trips(combiner, key: str) -> tuple[int, int]:
-    """Calls and trips of this process's combiners of calls to the actor ``key``."""
-    per_method = combiner.counts(key).values()
-    return sum(c for c, _ in per_method), sum(t for _, t in per_method)
+    """Calls and trips of this process's combiner of calls to the actor ``key``."""
+    counts = combiner.counts(key)
+    return counts["calls"], counts["trips"]
 
 
 def _math_only(size: int, aggregation, repeats: int, local: bool) -> dict:

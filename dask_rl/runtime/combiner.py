@@ -1,4 +1,4 @@
-"""Call combining: concurrent calls of one kind from one worker process travel as one.
+"""Call combining: concurrent calls from one worker process to one actor travel as one.
 
 A Dask actor call costs the actor's worker a message, a turn of its event loop and a hand-off
 to the actor's thread, far more than the update math of a small model
@@ -6,11 +6,13 @@ to the actor's thread, far more than the update math of a small model
 process call the same parameter actor at once. A :class:`Combiner` sends a call at once when
 no trip is on the wire (a caller alone waits no longer than before), and every call that
 arrives while one is waits for the next trip, in which all of them travel together
-(:meth:`~dask_rl.runtime.parameter_actor.ParameterActor.call_many`). The actor serves a trip's
-calls one by one, in arrival order, under one hold of its lock, exactly as it would have served
-them one at a time: each push keeps its own version, sequence number, staleness and
-acknowledgement. No timer, no batch size to tune: the trips pace themselves by the actor's
-round trip, and batches grow only when calls queue (Nagle-like "self-clocking").
+(:meth:`~dask_rl.runtime.parameter_actor.ParameterActor.call_many`): pushes, learner pulls and
+rollout pulls in one trip, in the order they were made, so a process has one trip on the wire,
+not one per kind of call. The actor serves a trip's calls one by one, in that order, under one
+hold of its lock, exactly as it would have served them one at a time: each push keeps its own
+version, sequence number, staleness and acknowledgement. No timer, no batch size to tune: the
+trips pace themselves by the actor's round trip, and batches grow only when calls queue
+(Nagle-like "self-clocking").
 
 The first caller waiting when a trip returns sends the next trip; so no thread sends for
 others after its own call is answered. A call's ``timeout`` covers its wait and its trip: a
@@ -21,10 +23,13 @@ the next trip goes regardless.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numpy as np
 
 
 @dataclass
@@ -36,7 +41,7 @@ class TripAnswers:
     items: list[tuple[bool, Any]]
 
 
-Call = tuple[tuple, dict]  # (args, kwargs) of one call
+Call = tuple[str, tuple, dict]  # (method, args, kwargs) of one call
 
 
 @dataclass(eq=False)
@@ -48,10 +53,25 @@ class _Waiter:
     answered: bool = False
     batch: list[_Waiter] | None = None  # set when this caller is to send that trip
 
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """The bytes of the call's numpy arguments (and of arrays in a dict argument)."""
+        return _nbytes(self.call[1]) + _nbytes(tuple(self.call[2].values()))
+
+
+def _nbytes(values: tuple) -> int:
+    total = 0
+    for v in values:
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, dict):
+            total += _nbytes(tuple(v.values()))
+    return total
+
 
 class Combiner:
-    """Combines concurrent calls into trips of at most ``max_batch`` calls, with at most
-    ``max_in_flight`` trips on the wire at once.
+    """Combines concurrent calls into trips of at most ``max_batch`` calls and ``max_bytes``
+    of arrays, with at most ``max_in_flight`` trips on the wire at once.
 
     Parameters
     ----------
@@ -59,7 +79,12 @@ class Combiner:
         Sends one trip: ``send(calls, timeout)`` returns the calls' results in the same order
         (or raises an ``Exception``: every call of the trip then raises it).
     max_batch
-        Calls per trip at most (a bound on one message's size: 16 CNN pushes are ~320 MB).
+        Calls per trip at most. Trips mix pushes and pulls, so they grow with every kind of
+        call (``benchmarks/parameter_service.py``, MLP, 64 + 64: trips of a mixed 16 held the
+        actor at 13-14k calls per second of its CPU, of 32 at 17.6k).
+    max_bytes
+        The numpy arrays' bytes a trip carries at most (its message's size: one Nature-CNN
+        push with its Adam moments is ~20 MB); a call bigger than that travels alone.
     max_in_flight
         Trips on the wire at once. With 1 (the default), a caller that finds a trip on the
         wire waits for its round trip; with 2, two callers go side by side and batches form
@@ -70,26 +95,30 @@ class Combiner:
     """
 
     def __init__(self, send: Callable[[list[Call], float | None], list[Any]], *,
-                 max_batch: int = 16, max_in_flight: int = 1):
+                 max_batch: int = 32, max_bytes: int = 64 << 20, max_in_flight: int = 1):
         if max_batch < 1 or max_in_flight < 1:
             raise ValueError("max_batch and max_in_flight must be at least 1")
         self._send = send
         self.max_batch = max_batch
+        self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight
         self._lock = threading.Lock()
         self._queue: list[_Waiter] = []
         self._in_flight = 0
-        self.calls = 0  # counters: calls made and trips sent
+        self.calls = 0  # counters: calls made and trips sent ...
         self.trips = 0
+        self.by_method: dict[str, int] = {}  # ... and the calls of each method
 
     def call(self, call: Call, *, timeout: float | None = None) -> Any:
-        """Make one call, ``(args, kwargs)``, through the combiner and wait for its result:
+        """Make one call, ``(method, args, kwargs)``, through the combiner and wait for its
+        result:
         ``timeout`` seconds at most in all, waiting and sending (the trip a caller sends
         gets what is left of its own time)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         me = _Waiter(call)
         with self._lock:
             self.calls += 1
+            self.by_method[call[0]] = self.by_method.get(call[0], 0) + 1
             self._queue.append(me)
             batch = self._take()
         if batch is None:  # wait: for an answer, or to be chosen to send a trip
@@ -108,7 +137,12 @@ class Combiner:
             return None
         self._in_flight += 1
         self.trips += 1
-        batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+        n, size = 1, self._queue[0].nbytes
+        while n < min(self.max_batch, len(self._queue)) \
+                and size + self._queue[n].nbytes <= self.max_bytes:
+            size += self._queue[n].nbytes
+            n += 1
+        batch, self._queue = self._queue[:n], self._queue[n:]
         return batch
 
     @staticmethod
@@ -163,22 +197,28 @@ _registry: dict[tuple, Combiner] = {}
 _registry_lock = threading.Lock()
 
 
-def counts(key: str) -> dict[str, tuple[int, int]]:
-    """Calls made and trips sent by this process's combiners of calls to the actor ``key``,
-    per method (what benchmarks and tests read to see that calls shared trips)."""
+def counts(key: str) -> dict[str, Any]:
+    """Calls made (in all and per method) and trips sent by this process's combiner of calls
+    to the actor ``key`` (what benchmarks and tests read to see that calls shared trips)."""
     with _registry_lock:
-        return {m: (c.calls, c.trips) for (k, _, m), c in _registry.items() if k == key}
+        out: dict[str, Any] = {"calls": 0, "trips": 0, "by_method": {}}
+        for (k, _), c in _registry.items():
+            if k == key:
+                out["calls"] += c.calls
+                out["trips"] += c.trips
+                for m, n in c.by_method.items():
+                    out["by_method"][m] = out["by_method"].get(m, 0) + n
+        return out
 
 
-def combiner_for(key: str, incarnation: tuple, method: str,
-                 make: Callable[[], Combiner]) -> Combiner:
-    """This process's combiner of ``method`` calls to the actor ``key`` in its
-    ``incarnation`` (its address and epoch: a key can come back, a later driver's actor
-    elsewhere), made on first use; combiners of the key's other incarnations go."""
+def combiner_for(key: str, incarnation: tuple, make: Callable[[], Combiner]) -> Combiner:
+    """This process's combiner of calls to the actor ``key`` in its ``incarnation`` (its
+    address and epoch: a key can come back, a later driver's actor elsewhere), made on first
+    use; combiners of the key's other incarnations go."""
     with _registry_lock:
-        combiner = _registry.get((key, incarnation, method))
+        combiner = _registry.get((key, incarnation))
         if combiner is None:
             for old in [k for k in _registry if k[0] == key and k[1] != incarnation]:
                 del _registry[old]
-            combiner = _registry[(key, incarnation, method)] = make()
+            combiner = _registry[(key, incarnation)] = make()
         return combiner

@@ -28,7 +28,8 @@ class ActorHandle:
 
     ``combine``: from a worker other than the actor's, concurrent calls of a method the actor
     takes in batches (:data:`~dask_rl.runtime.parameter_actor.COMBINABLE`: pushes, pulls,
-    learner pulls) travel together, one trip per round trip (:mod:`dask_rl.runtime.combiner`).
+    learner pulls) travel together, mixed in the order they were made, one trip per round
+    trip (:mod:`dask_rl.runtime.combiner`).
     """
 
     def __init__(self, actor: Actor, *, timeout: float | None = None, epoch: str | None = None,
@@ -50,21 +51,22 @@ class ActorHandle:
             return False, None
         return True, worker.state.actors.get(self.actor.key)
 
-    def _combiner(self, method: str) -> Combiner:
+    def _combiner(self) -> Combiner:
         actor = self.actor
 
         def send(calls, timeout):
-            return actor.call_many(method, calls).result(timeout=timeout).items
+            return actor.call_many(calls).result(timeout=timeout).items
 
         incarnation = (getattr(actor, "_address", None), self.epoch)
-        return combiner_for(actor.key, incarnation, method, lambda: Combiner(send))
+        return combiner_for(actor.key, incarnation, lambda: Combiner(send))
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` and wait for its result (at most ``timeout`` seconds)."""
         in_worker, local = self._where()
         if local is None:
             if in_worker and self.combine and method in COMBINABLE:
-                ok, value = self._combiner(method).call((args, kwargs), timeout=self.timeout)
+                ok, value = self._combiner().call((method, args, kwargs),
+                                                  timeout=self.timeout)
                 if not ok:
                     raise value
                 return value

@@ -174,20 +174,21 @@ class ParameterActor:
         return self.pull(learner_id=learner_id, learner_state=True, opt_state=opt_state)
 
     @_locked
-    def call_many(self, method: str, calls: list[tuple[tuple, dict]]) -> TripAnswers:
-        """Several calls of ``method`` in one (a :class:`~dask_rl.runtime.combiner.Combiner`'s
-        trip), served one by one in the given order under one hold of the lock: each gets
-        exactly the answer it would have got alone at that place in the order, as ``(True,
-        result)``, or ``(False, exception)`` if it raised (only that call fails). With one
-        trip on the wire per worker process (the combiner's default) trips arrive in the
-        order they were made; with more, two trips may cross."""
-        if method not in COMBINABLE:
-            raise ValueError(f"{method!r} calls are not combined")
-        serve = getattr(self, method)
+    def call_many(self, calls: list[tuple[str, tuple, dict]]) -> TripAnswers:
+        """Several calls in one (a :class:`~dask_rl.runtime.combiner.Combiner`'s trip), each
+        ``(method, args, kwargs)`` of a method in :data:`COMBINABLE`, served one by one in
+        the given order under one hold of the lock: each gets exactly the answer it would
+        have got alone at that place in the order, as ``(True, result)``, or ``(False,
+        exception)`` if it raised (only that call fails). A trip mixes pushes and pulls in
+        the order their callers made them; with one trip on the wire per worker process
+        (the combiner's default) a process's calls arrive in that order too."""
+        unknown = {method for method, _, _ in calls} - COMBINABLE
+        if unknown:
+            raise ValueError(f"{', '.join(sorted(unknown))} calls are not combined")
         out: list[tuple[bool, Any]] = []
-        for args, kwargs in calls:
+        for method, args, kwargs in calls:
             try:
-                out.append((True, serve(*args, **kwargs)))
+                out.append((True, getattr(self, method)(*args, **kwargs)))
             except Exception as exc:  # noqa: BLE001 - handed back to its own caller
                 out.append((False, exc))
         return TripAnswers(out)

@@ -25,14 +25,14 @@ class GatedServer:
 
     def __call__(self, calls, timeout=None):
         with self.lock:
-            self.trips.append([args[0] for args, _ in calls])
+            self.trips.append([args[0] for _, args, _ in calls])
             self.timeouts.append(timeout)
             n = len(self.trips)
         if n <= self.gated:
             self.gate.wait(10)
         if n == self.fail_trip:
             raise ConnectionError("the actor went away")
-        return [args[0] * 10 for args, _ in calls]
+        return [args[0] * 10 for _, args, _ in calls]
 
 
 def _queue_calls(combiner, values, timeout=None):
@@ -42,7 +42,7 @@ def _queue_calls(combiner, values, timeout=None):
 
     def one(v):
         try:
-            results[v] = combiner.call(((v,), {}), timeout=timeout)
+            results[v] = combiner.call(("f", (v,), {}), timeout=timeout)
         except Exception as exc:  # noqa: BLE001
             errors[v] = exc
 
@@ -67,8 +67,8 @@ def test_a_call_alone_goes_at_once_in_a_trip_of_its_own():
     server = GatedServer()
     server.gate.set()
     c = Combiner(server, max_in_flight=1)
-    assert c.call(((7,), {})) == 70
-    assert c.call(((8,), {})) == 80
+    assert c.call(("f", (7,), {})) == 70
+    assert c.call(("f", (8,), {})) == 80
     assert server.trips == [[7], [8]] and c.trips == 2 and c.calls == 2
 
 
@@ -85,6 +85,37 @@ def test_calls_that_queue_behind_a_trip_travel_together_in_arrival_order():
     assert server.trips == [[0], list(range(1, 17)), [17, 18, 19]]
 
 
+def test_a_trip_carries_at_most_max_bytes_of_arrays_and_a_bigger_call_goes_alone():
+    class Server(GatedServer):
+        def __call__(self, calls, timeout=None):
+            with self.lock:
+                self.trips.append([args[0] for _, args, _ in calls])
+                n = len(self.trips)
+            if n == 1:
+                self.gate.wait(10)
+            return [0 for _ in calls]
+
+    server = Server()
+    c = Combiner(server, max_batch=16, max_bytes=1000)
+    results, errors = {}, {}
+    sizes = {0: 10, 1: 400, 2: 400, 3: 400, 4: 2000, 5: 100, 6: 100}  # bytes of each call
+    threads = []
+    for v, n in sizes.items():  # each thread's call in the combiner before the next starts
+        before = c.calls
+
+        def one(v=v, n=n):
+            results[v] = c.call(("push", (v, np.zeros(n, np.uint8)), {}))
+        threads.append(threading.Thread(target=one))
+        threads[-1].start()
+        while c.calls == before:
+            time.sleep(0.001)
+    server.gate.set()
+    _join(threads)
+    assert not errors and len(results) == 7
+    # 400 + 400 fit 1000, a third would not; the 2000-byte call goes alone; 100 + 100 after
+    assert server.trips == [[0], [1, 2], [3], [4], [5, 6]]
+
+
 def test_a_failed_trip_fails_its_calls_only_and_the_next_trip_still_goes():
     server = GatedServer(fail_trip=2)
     c = Combiner(server, max_batch=4, max_in_flight=1)
@@ -95,7 +126,7 @@ def test_a_failed_trip_fails_its_calls_only_and_the_next_trip_still_goes():
     assert set(errors) == {1, 2, 3, 4}
     assert all(isinstance(e, ConnectionError) for e in errors.values())
     assert results == {0: 0, 5: 50, 6: 60, 7: 70}
-    assert c.call(((99,), {})) == 990  # nothing left stuck
+    assert c.call(("f", (99,), {})) == 990  # nothing left stuck
 
 
 def test_two_trips_go_side_by_side_and_calls_queue_only_behind_both():
@@ -123,7 +154,7 @@ def test_a_caller_that_gives_up_is_withdrawn_and_nothing_hangs():
     server.gate.set()
     _join(threads)
     assert results == {0: 0} and server.trips == [[0]]  # the withdrawn were never sent
-    assert c.call(((5,), {})) == 50 and server.trips[-1] == [5]
+    assert c.call(("f", (5,), {})) == 50 and server.trips[-1] == [5]
 
 
 @pytest.mark.parametrize("aggregation", [AsyncConfig(alpha0=0.5), StellarisConfig(alpha0=1.0)])
@@ -147,14 +178,9 @@ def test_a_batch_is_served_exactly_as_the_same_calls_one_by_one(aggregation):
             del versions[lid]
     one_by_one = [getattr(alone, m)(*a, **k) for m, a, k in calls]
     batched = []
-    i = 0
-    while i < len(calls):  # trips of consecutive calls of one method
-        j = i
-        while j < len(calls) and calls[j][0] == calls[i][0] and j - i < 3:
-            j += 1
-        batched += [v for ok, v in combined.call_many(
-            calls[i][0], [(a, k) for _, a, k in calls[i:j]]).items]
-        i = j
+    for i in range(0, len(calls), 5):  # trips of five consecutive calls, methods mixed
+        batched += [v for ok, v in combined.call_many(calls[i:i + 5]).items]
+    assert any(len({m for m, _, _ in calls[i:i + 5]}) > 1 for i in range(0, len(calls), 5))
     for x, y in zip(one_by_one, batched):
         if hasattr(x, "staleness"):
             assert (x.status, x.version, x.staleness, x.weight) == \
@@ -169,14 +195,14 @@ def test_a_batch_is_served_exactly_as_the_same_calls_one_by_one(aggregation):
 
 def test_a_call_that_raises_in_a_batch_fails_alone():
     a = ParameterActor(np.zeros(2, np.float32), AsyncConfig())
-    out = a.call_many("push", [((np.ones(2, np.float32), 0, "A"), {}),
-                               ((np.ones(2, np.float32), 0, "B"), {"no_such_arg": 1}),
-                               ((np.ones(2, np.float32), 1, "C"), {})]).items
+    out = a.call_many([("push", (np.ones(2, np.float32), 0, "A"), {}),
+                       ("push", (np.ones(2, np.float32), 0, "B"), {"no_such_arg": 1}),
+                       ("push", (np.ones(2, np.float32), 1, "C"), {})]).items
     assert [ok for ok, _ in out] == [True, False, True]
     assert isinstance(out[1][1], TypeError)
     assert out[2][1].status == "applied" and a.pull().version == 2
     with pytest.raises(ValueError, match="not combined"):
-        a.call_many("state_dict", [((), {})])
+        a.call_many([("pull", (), {}), ("state_dict", (), {})])
 
 
 def test_the_sender_spends_what_is_left_of_its_own_time():
@@ -200,12 +226,12 @@ def test_an_interrupted_sender_fails_its_trip_and_frees_the_next():
             self.trips += 1
             if self.trips == 1:
                 raise KeyboardInterrupt
-            return [args[0] for args, _ in calls]
+            return [args[0] for _, args, _ in calls]
 
     c = Combiner(Interrupting())
     with pytest.raises(KeyboardInterrupt):  # the sender's own interruption, re-raised
-        c.call(((1,), {}))
-    assert c.call(((2,), {})) == 2  # nothing left in flight
+        c.call(("f", (1,), {}))
+    assert c.call(("f", (2,), {})) == 2  # nothing left in flight
 
 
 def test_a_trip_of_pulls_carries_the_parameters_once():
@@ -219,10 +245,11 @@ def test_a_trip_of_pulls_carries_the_parameters_once():
     def wire(x):
         return sum(len(frame) for frame in dumps({"result": to_serialize(x)}))
 
-    one = wire(a.call_many("pull", [((), {})]))
-    eight = a.call_many("pull", [((), {})] * 8)
-    learners = a.call_many("pull_learner", [((f"L{i}",), {}) for i in range(8)])
-    assert wire(eight) < 1.1 * one and wire(learners) < 1.1 * one
+    one = wire(a.call_many([("pull", (), {})]))
+    eight = a.call_many([("pull", (), {})] * 8)
+    learners = a.call_many([("pull_learner", (f"L{i}",), {}) for i in range(8)])
+    mixed = a.call_many([("pull", (), {}), ("pull_learner", ("L9",), {})] * 4)
+    assert wire(eight) < 1.1 * one and wire(learners) < 1.1 * one and wire(mixed) < 1.1 * one
     assert wire(eight.items) > 7 * one  # what a plain list would have cost
 
 
@@ -232,8 +259,8 @@ def test_an_actor_key_that_comes_back_elsewhere_gets_a_new_combiner():
     def make():
         return Combiner(GatedServer())
 
-    first = combiner_for("parameter-actor-0-run", ("tcp://a", "0-x"), "push", make)
-    assert combiner_for("parameter-actor-0-run", ("tcp://a", "0-x"), "push", make) is first
-    again = combiner_for("parameter-actor-0-run", ("tcp://c", "0-y"), "push", make)
+    first = combiner_for("parameter-actor-0-run", ("tcp://a", "0-x"), make)
+    assert combiner_for("parameter-actor-0-run", ("tcp://a", "0-x"), make) is first
+    again = combiner_for("parameter-actor-0-run", ("tcp://c", "0-y"), make)
     assert again is not first  # a later driver's actor of the same name, on another worker
     assert not [k for k in _registry if k[0] == "parameter-actor-0-run" and k[1][0] == "tcp://a"]
