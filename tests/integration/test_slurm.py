@@ -115,7 +115,8 @@ def test_scancel_of_the_actors_job_is_a_recovery(slurm, tmp_path, beat):
     cfg = dask_rl.api.resolve(PIPELINES / "ppo_cartpole.yaml", _slurm(tmp_path) + [
         "cluster.n_workers=3", "checkpoint.heartbeat_s=0.5", "checkpoint.actor_timeout_s=5",
         # a run of 12 s whatever the machine's speed: the n-th beat of 0.5 s lands in it
-        "checkpoint.every_s=1", "stop.env_steps=100000000", "stop.wall_s=12"])
+        "checkpoint.every_s=1", "stop.env_steps=100000000", "stop.wall_s=12",
+        "stop.solve_on_target=false"])  # a solve would end it before the later beats
     watch = Watch(cancel_at=beat)
     run_dir = tmp_path / "run"
     s = dask_rl.train(cfg, run_dir=run_dir, hooks=watch).summary
