@@ -56,7 +56,7 @@ class _Waiter:
     @functools.cached_property
     def nbytes(self) -> int:
         """The bytes of the call's numpy arguments (and of arrays in a dict argument)."""
-        return _nbytes(self.call[1]) + _nbytes(tuple(self.call[2].values()))
+        return _nbytes((*self.call[1], *self.call[2].values()))
 
 
 def _nbytes(values: tuple) -> int:
@@ -105,19 +105,21 @@ class Combiner:
         self._lock = threading.Lock()
         self._queue: list[_Waiter] = []
         self._in_flight = 0
-        self.calls = 0  # counters: calls made and trips sent ...
-        self.trips = 0
-        self.by_method: dict[str, int] = {}  # ... and the calls of each method
+        self.trips = 0  # counters: trips sent and calls made per method
+        self.by_method: dict[str, int] = {}
+
+    @property
+    def calls(self) -> int:
+        """Calls made through this combiner."""
+        return sum(self.by_method.values())
 
     def call(self, call: Call, *, timeout: float | None = None) -> Any:
         """Make one call, ``(method, args, kwargs)``, through the combiner and wait for its
-        result:
-        ``timeout`` seconds at most in all, waiting and sending (the trip a caller sends
-        gets what is left of its own time)."""
+        result: ``timeout`` seconds at most in all, waiting and sending (the trip a caller
+        sends gets what is left of its own time)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         me = _Waiter(call)
         with self._lock:
-            self.calls += 1
             self.by_method[call[0]] = self.by_method.get(call[0], 0) + 1
             self._queue.append(me)
             batch = self._take()
@@ -200,15 +202,11 @@ _registry_lock = threading.Lock()
 def counts(key: str) -> dict[str, Any]:
     """Calls made (in all and per method) and trips sent by this process's combiner of calls
     to the actor ``key`` (what benchmarks and tests read to see that calls shared trips)."""
-    with _registry_lock:
-        out: dict[str, Any] = {"calls": 0, "trips": 0, "by_method": {}}
-        for (k, _), c in _registry.items():
-            if k == key:
-                out["calls"] += c.calls
-                out["trips"] += c.trips
-                for m, n in c.by_method.items():
-                    out["by_method"][m] = out["by_method"].get(m, 0) + n
-        return out
+    with _registry_lock:  # combiner_for keeps one per key: its current incarnation's
+        c = next((c for (k, _), c in _registry.items() if k == key), None)
+        if c is None:
+            return {"calls": 0, "trips": 0, "by_method": {}}
+        return {"calls": c.calls, "trips": c.trips, "by_method": dict(c.by_method)}
 
 
 def combiner_for(key: str, incarnation: tuple, make: Callable[[], Combiner]) -> Combiner:

@@ -21,14 +21,12 @@ which is all the strategy needs. Pushes the actor has taken are refused again
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +34,7 @@ import numpy as np
 from dask_rl.algos.optim import make_optimizer, mean_adam_state
 from dask_rl.data import PolicySnapshot, PushAck
 from dask_rl.models.normalizer import merge_moments
+from dask_rl.runtime.actor_counters import Counters
 from dask_rl.runtime.combiner import TripAnswers
 from dask_rl.runtime.exactly_once import ExactlyOnce
 from dask_rl.staleness import Arrival, Decision, make_strategy
@@ -44,28 +43,6 @@ logger = logging.getLogger(__name__)
 
 # the calls a combined trip may carry (:meth:`ParameterActor.call_many`)
 COMBINABLE = frozenset({"push", "pull", "pull_learner"})
-
-
-@dataclass
-class Counters:
-    """What the actor counts across its incarnations (checkpointed, flat in its state)."""
-
-    rejected: int = 0          # gradients never applied: non-finite, wrong shape
-    refused: int = 0           # pushes refused: repeats, another epoch's or run's
-    weight_sum: float = 0.0    # of the applied gradients' weights: the effective step's measure
-    pulls_sent: int = 0        # pulls answered with parameters
-    pulls_unchanged: int = 0   # pulls answered with nothing (not moved, or not enough)
-    rollout_pulls: int = 0     # of all pulls, those of rollout slots ...
-    rollout_loads: int = 0     # ... and those of them answered with parameters
-
-    def state(self) -> dict[str, int | float]:  # noqa: D102
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_state(cls, state: dict) -> "Counters":
-        """From a checkpoint's state; a counter it lacks (an older checkpoint) starts at 0."""
-        return cls(**{f.name: type(f.default)(state.get(f.name, f.default))
-                      for f in dataclasses.fields(cls)})
 
 
 def _locked(method):
