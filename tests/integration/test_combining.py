@@ -69,3 +69,52 @@ def test_concurrent_pushes_share_trips_and_each_is_taken_once_with_its_own_stale
     # every push and learner pull went through the combiner, and they shared trips
     assert counts["by_method"] == {"push": total, "pull_learner": total}
     assert counts["calls"] == 2 * total and counts["trips"] < total, counts
+
+
+def _watch_trips(key: str, dask_worker=None) -> None:
+    """Wrap the actor's call_many on its worker: note each trip's size and whether the worker's
+    event loop (its main thread) served it."""
+    import threading
+
+    actor = dask_worker.state.actors[key]
+    inner, served = actor.call_many, []
+
+    def call_many(calls):
+        served.append((len(calls), threading.current_thread() is threading.main_thread()))
+        return inner(calls)
+
+    actor.call_many, actor.served = call_many, served
+
+
+def _served(key: str, dask_worker=None) -> list:
+    return list(dask_worker.state.actors[key].served)
+
+
+def _pull_then_push(actor, size: int) -> tuple[int, str]:
+    snap = actor.call("pull")
+    return snap.version, actor.call("push", np.full(size, 1e-3, np.float32), snap.version,
+                                    "L0", seq=1).status
+
+
+def test_a_small_trip_is_served_on_the_event_loop_and_a_large_one_in_the_actors_thread():
+    from distributed import Client, LocalCluster
+
+    from dask_rl.runtime.handle import INLINE_TRIP_BYTES, ActorHandle
+    from dask_rl.runtime.parameter_actor import ParameterActor
+    from dask_rl.staleness import AsyncConfig
+
+    size = INLINE_TRIP_BYTES // 4 + 1  # one push's delta is over the bound; a pull carries none
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=50) as cluster, \
+            Client(cluster) as client:
+        actor_worker, learner_worker = sorted(client.scheduler_info()["workers"])
+        future = client.submit(ParameterActor, np.zeros(size, np.float32),
+                               AsyncConfig(alpha0=1.0), learners=1, actor=True,
+                               workers=[actor_worker])
+        actor = ActorHandle(future.result(), timeout=60)
+        client.run(_watch_trips, actor.key, workers=[actor_worker])
+        result = client.submit(_pull_then_push, actor, size, pure=False,
+                               workers=[learner_worker]).result()
+        served = client.run(_served, actor.key, workers=[actor_worker])[actor_worker]
+    assert result == (0, "applied")
+    assert served == [(1, True), (1, False)]  # the pull on the loop, the push handed over
