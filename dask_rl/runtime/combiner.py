@@ -8,7 +8,8 @@ no trip is on the wire (a caller alone waits no longer than before), and every c
 arrives while one is waits for the next trip, in which all of them travel together
 (:meth:`~dask_rl.runtime.parameter_actor.ParameterActor.call_many`): pushes, learner pulls and
 rollout pulls in one trip, in the order they were made, so a process has one trip on the wire,
-not one per kind of call. The actor serves a trip's calls one by one, in that order, under one
+not one per kind of call. The actor serves a trip's calls one by one (its pushes first, then its
+pulls, each in that order: the calls of a trip come from different threads), under one
 hold of its lock, exactly as it would have served them one at a time: each push keeps its own
 version, sequence number, staleness and acknowledgement. No timer, no batch size to tune: the
 trips pace themselves by the actor's round trip, and batches grow only when calls queue

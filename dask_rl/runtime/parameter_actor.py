@@ -153,21 +153,28 @@ class ParameterActor:
     @_locked
     def call_many(self, calls: list[tuple[str, tuple, dict]]) -> TripAnswers:
         """Several calls in one (a :class:`~dask_rl.runtime.combiner.Combiner`'s trip), each
-        ``(method, args, kwargs)`` of a method in :data:`COMBINABLE`, served one by one in
-        the given order under one hold of the lock: each gets exactly the answer it would
-        have got alone at that place in the order, as ``(True, result)``, or ``(False,
-        exception)`` if it raised (only that call fails). A trip mixes pushes and pulls in
-        the order their callers made them; with one trip on the wire per worker process
-        (the combiner's default) a process's calls arrive in that order too."""
+        ``(method, args, kwargs)`` of a method in :data:`COMBINABLE`, served under one hold
+        of the lock: first the trip's pushes, then its pulls and learner pulls, each in the
+        given order. Each call gets exactly the answer it would have got alone at that place
+        in that order, as ``(True, result)``, or ``(False, exception)`` if it raised (only
+        that call fails); answers come back in the calls' order.
+
+        A trip's calls come from different threads (a caller has one call at a time), so any
+        order of them is one their callers could have met; pushes first gives every pull of
+        the trip the newest version, and the same one, so its parameters (and a learner
+        pull's Adam moments) travel once in the answer instead of once per version
+        (``benchmarks/parameter_service.py``, Nature CNN, 64 + 64: see docs/benchmarks.md).
+        """
         unknown = {method for method, _, _ in calls} - COMBINABLE
         if unknown:
             raise ValueError(f"{', '.join(sorted(unknown))} calls are not combined")
-        out: list[tuple[bool, Any]] = []
-        for method, args, kwargs in calls:
+        out: list[tuple[bool, Any] | None] = [None] * len(calls)
+        for i in sorted(range(len(calls)), key=lambda i: calls[i][0] != "push"):
+            method, args, kwargs = calls[i]
             try:
-                out.append((True, getattr(self, method)(*args, **kwargs)))
+                out[i] = (True, getattr(self, method)(*args, **kwargs))
             except Exception as exc:  # noqa: BLE001 - handed back to its own caller
-                out.append((False, exc))
+                out[i] = (False, exc)
         return TripAnswers(out)
 
     @_locked

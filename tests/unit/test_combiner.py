@@ -176,7 +176,13 @@ def test_a_batch_is_served_exactly_as_the_same_calls_one_by_one(aggregation):
             calls.append(("push", (delta, int(rng.integers(0, 1 + step // 4)), lid),
                           {"seq": step}))
             del versions[lid]
-    one_by_one = [getattr(alone, m)(*a, **k) for m, a, k in calls]
+    one_by_one = [None] * len(calls)
+    for i in range(0, len(calls), 5):  # a trip's pushes first, then its pulls, one by one
+        trip = list(range(i, min(i + 5, len(calls))))
+        for j in [j for j in trip if calls[j][0] == "push"] + \
+                [j for j in trip if calls[j][0] != "push"]:
+            m, a, k = calls[j]
+            one_by_one[j] = getattr(alone, m)(*a, **k)
     batched = []
     for i in range(0, len(calls), 5):  # trips of five consecutive calls, methods mixed
         batched += [v for ok, v in combined.call_many(calls[i:i + 5]).items]
@@ -250,6 +256,14 @@ def test_a_trip_of_pulls_carries_the_parameters_once():
     learners = a.call_many([("pull_learner", (f"L{i}",), {}) for i in range(8)])
     mixed = a.call_many([("pull", (), {}), ("pull_learner", ("L9",), {})] * 4)
     assert wire(eight) < 1.1 * one and wire(learners) < 1.1 * one and wire(mixed) < 1.1 * one
+    # pushes between the pulls: served first, so the pulls share the newest version
+    delta = np.full(50_000, 1e-3, np.float32)
+    around = a.call_many([c for i in range(4) for c in
+                          (("pull", (), {}), ("push", (delta, 0, f"P{i}"), {}))])
+    assert [ok for ok, _ in around.items] == [True] * 8
+    pulls = [v for _, v in around.items[0::2]]
+    assert {p.version for p in pulls} == {a.pull().version}  # after all four pushes
+    assert wire(around) < 1.1 * one
     assert wire(eight.items) > 7 * one  # what a plain list would have cost
 
 
