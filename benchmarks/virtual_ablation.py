@@ -379,12 +379,13 @@ def summarise(runs: dict, args: argparse.Namespace, calibration: dict) -> dict:
                                    "hi": [c[2] for c in cis]})
     sens = [r for r in runs.values() if r["phase"] == "sensitivity"]
     sens_rows = []
+    sens_seeds = {r["seed"] for r in sens}  # the paper's point on the same seeds as the rest
     for name, (key, values, paper) in SENSITIVITY.items():
         for value in values:
             group = [r for r in sens if r["extra"] == [f"{key}={value:g}"]]
             if value == paper:
                 group = [r for r in report if r["arm"] == "stellaris"
-                         and r["learners"] == args.tune_learners
+                         and r["learners"] == args.tune_learners and r["seed"] in sens_seeds
                          and _setting(r["config"], key) == value]
             if group:
                 sens_rows.append(row(group, parameter=name, value=value))
