@@ -56,12 +56,8 @@ class _Waiter:
 
     @functools.cached_property
     def nbytes(self) -> int:
-        return call_bytes(self.call)
-
-
-def call_bytes(call: Call) -> int:
-    """The bytes of a call's numpy arguments (and of arrays in a dict argument)."""
-    return _nbytes((*call[1], *call[2].values()))
+        """The bytes of the call's numpy arguments (and of arrays in a dict argument)."""
+        return _nbytes((*self.call[1], *self.call[2].values()))
 
 
 def _nbytes(values: tuple) -> int:

@@ -19,17 +19,8 @@ from typing import Any
 
 from distributed import Actor, get_worker
 
-from dask_rl.runtime.combiner import Combiner, call_bytes, combiner_for
+from dask_rl.runtime.combiner import Combiner, combiner_for
 from dask_rl.runtime.parameter_actor import COMBINABLE
-
-#: A trip carrying at most this many bytes of arrays is served on the actor worker's event loop
-#: instead of being handed to the actor's thread and back (Dask's ``separate_thread=False``):
-#: small models' trips spend more in the hand-off than in the update math
-#: (``benchmarks/parameter_service.py``, MLP, 64 + 64, three interleaved pairs: 0.35-0.36 s of
-#: the actor's CPU per second against 0.38-0.40, 17.5k -> 19.4k calls per CPU second). A larger
-#: trip (a CNN's pushes, ~20 MB each, whose Adam steps take milliseconds) keeps the hand-off, so
-#: that the loop goes on reading the next trip meanwhile.
-INLINE_TRIP_BYTES = 8 << 20
 
 
 class ActorHandle:
@@ -64,9 +55,7 @@ class ActorHandle:
         actor = self.actor
 
         def send(calls, timeout):
-            inline = sum(call_bytes(c) for c in calls) <= INLINE_TRIP_BYTES
-            return actor.call_many(calls, separate_thread=not inline).result(
-                timeout=timeout).items
+            return actor.call_many(calls).result(timeout=timeout).items
 
         incarnation = (getattr(actor, "_address", None), self.epoch)
         return combiner_for(actor.key, incarnation, lambda: Combiner(send))
