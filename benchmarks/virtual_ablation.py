@@ -337,7 +337,8 @@ def summarise(runs: dict, args: argparse.Namespace, calibration: dict) -> dict:
         def ci(key):
             vals = [r[key] for r in group if r[key] is not None]
             return list(mean_ci(vals)) if vals else None
-        return {**labels, "n": len(group), "alpha0": group[0]["alpha0"], "auc": ci("auc"),
+        return {**labels, "n": len(group), "seeds": sorted(r["seed"] for r in group),
+                "alpha0": group[0]["alpha0"], "auc": ci("auc"),
                 "final": ci("final"), "staleness_mean": ci("staleness_mean"),
                 "staleness_p99": ci("staleness_p99"), "policy_lag_mean": ci("policy_lag_mean"),
                 "virtual_s": ci("virtual_s"), "real_s": ci("real_s"),

@@ -160,11 +160,8 @@ class ParameterActor:
         that call fails); answers come back in the calls' order.
 
         A trip's calls come from different threads (a caller has one call at a time), so any
-        order of them is one their callers could have met; pushes first gives every pull of
-        the trip the newest version, and the same one, so its parameters (and a learner
-        pull's Adam moments) travel once in the answer instead of once per version
-        (``benchmarks/parameter_service.py``, Nature CNN, 64 + 64: see docs/benchmarks.md).
-        """
+        order of them is one their callers could have met; pushes first gives all pulls of a
+        trip the newest version, whose arrays then travel once in the answer."""
         unknown = {method for method, _, _ in calls} - COMBINABLE
         if unknown:
             raise ValueError(f"{', '.join(sorted(unknown))} calls are not combined")
