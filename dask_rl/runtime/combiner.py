@@ -8,12 +8,14 @@ no trip is on the wire (a caller alone waits no longer than before), and every c
 arrives while one is waits for the next trip, in which all of them travel together
 (:meth:`~dask_rl.runtime.parameter_actor.ParameterActor.call_many`): pushes, learner pulls and
 rollout pulls in one trip, in the order they were made, so a process has one trip on the wire,
-not one per kind of call. The actor serves a trip's calls one by one (its pushes first, then its
-pulls, each in that order: the calls of a trip come from different threads), under one
-hold of its lock, exactly as it would have served them one at a time: each push keeps its own
-version, sequence number, staleness and acknowledgement. No timer, no batch size to tune: the
-trips pace themselves by the actor's round trip, and batches grow only when calls queue
-(Nagle-like "self-clocking").
+not one per kind of call. Calls that carry large arrays (a big model's pushes: ~20 MB for a
+Nature-CNN push with its Adam moments) take a lane of their own, with its own trips, so a
+process's cheap pulls do not queue behind tens of megabytes on the wire. The actor serves a
+trip's calls one by one (its pushes first, then its pulls, each in that order: the calls of a
+trip come from different threads), under one hold of its lock, exactly as it would have
+served them one at a time: each push keeps its own version, sequence number, staleness and
+acknowledgement. No timer, no batch size to tune: the trips pace themselves by the actor's
+round trip, and batches grow only when calls queue (Nagle-like "self-clocking").
 
 The first caller waiting when a trip returns sends the next trip; so no thread sends for
 others after its own call is answered. A call's ``timeout`` covers its wait and its trip: a
@@ -53,6 +55,7 @@ class _Waiter:
     error: BaseException | None = None
     answered: bool = False
     batch: list[_Waiter] | None = None  # set when this caller is to send that trip
+    lane: int = 0  # 1: the lane of calls with large arrays
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -72,7 +75,8 @@ def _nbytes(values: tuple) -> int:
 
 class Combiner:
     """Combines concurrent calls into trips of at most ``max_batch`` calls and ``max_bytes``
-    of arrays, with at most ``max_in_flight`` trips on the wire at once.
+    of arrays, with at most ``max_in_flight`` trips on the wire at once in each of two lanes:
+    calls with ``large_call_bytes`` of arrays or more in one, the rest in the other.
 
     Parameters
     ----------
@@ -93,19 +97,26 @@ class Combiner:
         load (``benchmarks/parameter_service.py``, MLP, 2 worker processes of callers: 64
         learners + 64 samplers made 2.0x the pushes/s of uncombined calls with 2 and 2.4-2.7x
         with 1; 4 + 4 made 0.92-0.96x with 1).
+    large_call_bytes
+        Calls carrying at least this many bytes of arrays travel in a lane of their own (one
+        MB: an MLP's calls stay in one mixed lane, a Nature-CNN's pushes get their own). In
+        one lane, a CNN's mixed trip of ~10 calls carried ~60 MB and every pull waited behind
+        it (``benchmarks/parameter_service.py``, CNN, 64 + 64: sampler pull p50 630-780 ms).
     """
 
     def __init__(self, send: Callable[[list[Call], float | None], list[Any]], *,
-                 max_batch: int = 32, max_bytes: int = 64 << 20, max_in_flight: int = 1):
+                 max_batch: int = 32, max_bytes: int = 64 << 20, max_in_flight: int = 1,
+                 large_call_bytes: int = 1 << 20):
         if max_batch < 1 or max_in_flight < 1:
             raise ValueError("max_batch and max_in_flight must be at least 1")
         self._send = send
         self.max_batch = max_batch
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight
+        self.large_call_bytes = large_call_bytes
         self._lock = threading.Lock()
-        self._queue: list[_Waiter] = []
-        self._in_flight = 0
+        self._queues: tuple[list[_Waiter], list[_Waiter]] = ([], [])  # per lane
+        self._in_flight = [0, 0]
         self.trips = 0  # counters: trips sent and calls made per method
         self.by_method: dict[str, int] = {}
 
@@ -120,10 +131,11 @@ class Combiner:
         sends gets what is left of its own time)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         me = _Waiter(call)
+        me.lane = int(me.nbytes >= self.large_call_bytes)
         with self._lock:
             self.by_method[call[0]] = self.by_method.get(call[0], 0) + 1
-            self._queue.append(me)
-            batch = self._take()
+            self._queues[me.lane].append(me)
+            batch = self._take(me.lane)
         if batch is None:  # wait: for an answer, or to be chosen to send a trip
             if not me.event.wait(_left(deadline)):
                 self._give_up(me)
@@ -134,18 +146,19 @@ class Combiner:
         self._trip(batch, _left(deadline))
         return self._outcome(me)
 
-    def _take(self) -> list[_Waiter] | None:
-        """Under the lock: the next trip's calls, if one may go now."""
-        if not self._queue or self._in_flight >= self.max_in_flight:
+    def _take(self, lane: int) -> list[_Waiter] | None:
+        """Under the lock: the lane's next trip's calls, if one may go now."""
+        queue = self._queues[lane]
+        if not queue or self._in_flight[lane] >= self.max_in_flight:
             return None
-        self._in_flight += 1
+        self._in_flight[lane] += 1
         self.trips += 1
-        n, size = 1, self._queue[0].nbytes
-        while n < min(self.max_batch, len(self._queue)) \
-                and size + self._queue[n].nbytes <= self.max_bytes:
-            size += self._queue[n].nbytes
+        n, size = 1, queue[0].nbytes
+        while n < min(self.max_batch, len(queue)) and size + queue[n].nbytes <= self.max_bytes:
+            size += queue[n].nbytes
             n += 1
-        batch, self._queue = self._queue[:n], self._queue[n:]
+        batch = queue[:n]
+        del queue[:n]
         return batch
 
     @staticmethod
@@ -158,11 +171,12 @@ class Combiner:
         with self._lock:
             if me.event.is_set():  # answered or chosen just now: go on as if in time
                 return
-            if me in self._queue:
-                self._queue.remove(me)
+            if me in self._queues[me.lane]:
+                self._queues[me.lane].remove(me)
         raise TimeoutError("a combined call to the parameter actor was not answered in time")
 
     def _trip(self, batch: list[_Waiter], timeout: float | None) -> None:
+        lane = batch[0].lane
         interrupted: BaseException | None = None
         try:
             results = self._send([w.call for w in batch], timeout)
@@ -182,8 +196,8 @@ class Combiner:
                 for w in batch:
                     w.answered = True
                     w.event.set()
-                self._in_flight -= 1
-                nxt = self._take()
+                self._in_flight[lane] -= 1
+                nxt = self._take(lane)
                 if nxt is not None:  # the first caller of the next trip sends it
                     nxt[0].batch = nxt
                     nxt[0].event.set()

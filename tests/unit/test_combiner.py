@@ -57,6 +57,21 @@ def _queue_calls(combiner, values, timeout=None):
     return results, errors, threads
 
 
+def _queue_array_calls(combiner, sizes):
+    """Like :func:`_queue_calls`, each call ``("push", (v, array of sizes[v] bytes))``."""
+    results, threads = {}, []
+    for v, n in sizes.items():  # each thread's call in the combiner before the next starts
+        before = combiner.calls
+
+        def one(v=v, n=n):
+            results[v] = combiner.call(("push", (v, np.zeros(n, np.uint8)), {}))
+        threads.append(threading.Thread(target=one))
+        threads[-1].start()
+        while combiner.calls == before:
+            time.sleep(0.001)
+    return results, threads
+
+
 def _join(threads):
     for t in threads:
         t.join(10)
@@ -97,23 +112,39 @@ def test_a_trip_carries_at_most_max_bytes_of_arrays_and_a_bigger_call_goes_alone
 
     server = Server()
     c = Combiner(server, max_batch=16, max_bytes=1000)
-    results, errors = {}, {}
     sizes = {0: 10, 1: 400, 2: 400, 3: 400, 4: 2000, 5: 100, 6: 100}  # bytes of each call
-    threads = []
-    for v, n in sizes.items():  # each thread's call in the combiner before the next starts
-        before = c.calls
-
-        def one(v=v, n=n):
-            results[v] = c.call(("push", (v, np.zeros(n, np.uint8)), {}))
-        threads.append(threading.Thread(target=one))
-        threads[-1].start()
-        while c.calls == before:
-            time.sleep(0.001)
+    results, threads = _queue_array_calls(c, sizes)
     server.gate.set()
     _join(threads)
-    assert not errors and len(results) == 7
+    assert len(results) == 7
     # 400 + 400 fit 1000, a third would not; the 2000-byte call goes alone; 100 + 100 after
     assert server.trips == [[0], [1, 2], [3], [4], [5, 6]]
+
+
+def test_calls_with_large_arrays_take_their_own_lane_and_small_calls_pass_them():
+    class Server(GatedServer):  # trips whose first call is 0 or 1 wait for the gate
+        def __call__(self, calls, timeout=None):
+            values = [args[0] for _, args, _ in calls]
+            with self.lock:
+                self.trips.append(values)
+            if values[0] in (0, 1):
+                self.gate.wait(10)
+            return [v * 10 for v in values]
+
+    server = Server()
+    c = Combiner(server, max_batch=16, large_call_bytes=1000)
+    sizes = {0: 5000, 1: 10, 2: 5000, 3: 10, 4: 20, 5: 5000}  # bytes of each call's array
+    results, threads = _queue_array_calls(c, sizes)
+    deadline = time.monotonic() + 10
+    while len(server.trips) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    # the large call 0 and the small call 1 are on the wire side by side, one per lane; each
+    # lane's later calls queue behind its own trip only
+    assert sorted(server.trips) == [[0], [1]] and not results
+    server.gate.set()
+    _join(threads)
+    assert results == {v: 10 * v for v in sizes}
+    assert sorted(server.trips[2:]) == [[2, 5], [3, 4]]
 
 
 def test_a_failed_trip_fails_its_calls_only_and_the_next_trip_still_goes():
