@@ -14,11 +14,13 @@ threads (long-running tasks) on workers B and C, alternating, and call it throug
   ``--sample-ms`` of sleep (a rollout).
 
 Payloads are the real models' sizes: the MLP of ``pipelines/ppo_cartpole.yaml`` and the
-Nature CNN of ``pipelines/ppo_pong.yaml``. Three paths (``--paths``), side by side per K:
+Nature CNN of ``pipelines/ppo_pong.yaml``. Four paths (``--paths``), side by side per K:
 ``uncombined`` (one actor call per call, moments with the actor: the path before this work),
-``combined`` (call combining, moments with the actor) and ``combined-local`` (call combining,
-``learner.optimizer_state = local``: moments stay with the learners). For each model and K
-(``--learners``: 1, 4, 16, 64), after ``--warmup-s`` the script counts ``--window-s`` seconds:
+``combined`` (call combining, moments with the actor), ``combined-local`` (call combining,
+``learner.optimizer_state = local``: moments stay with the learners) and ``direct`` (call
+combining, trips over the actor's direct channel: ``cluster.actor_transport = direct``).
+For each model and K (``--learners``: 1, 4, 16, 64), after ``--warmup-s`` the script counts
+``--window-s`` seconds:
 pushes/s, learner pulls/s, sampler pulls/s (and how many carried parameters), p50/p99
 latency of each kind of call, and the CPU seconds each process spent (the actor's worker
 against the callers' workers and the scheduler: on this machine's 2 cores the callers compete
@@ -129,7 +131,7 @@ CAUSES = (  # (cause, predicate on (filename, function)); the innermost frame th
 )
 # a thread whose innermost Python frame is one of these is blocked in C, waiting for work
 IDLE = {"select", "poll", "_poll", "wait", "get", "sleep", "_recv", "_recv_bytes", "recv",
-        "recv_into", "readinto", "accept", "_wait_for_tstate_lock", "_worker"}
+        "recv_into", "_recv_into", "readinto", "accept", "_wait_for_tstate_lock", "_worker"}
 
 
 def classify(stack: list[tuple[str, str]]) -> str:
@@ -180,7 +182,7 @@ def sample_stacks(duration_s: float, interval_s: float) -> dict:
 
 
 # ---- one window ------------------------------------------------------------------------------
-def new_actor(client, worker: str, size: int, learners: int, combine: bool):
+def new_actor(client, worker: str, size: int, learners: int, combine: bool, direct: bool):
     from dask_rl.config import AggregationConfig
     from dask_rl.runtime.handle import ActorHandle
     from dask_rl.runtime.parameter_actor import ParameterActor
@@ -188,7 +190,9 @@ def new_actor(client, worker: str, size: int, learners: int, combine: bool):
     future = client.submit(ParameterActor, np.zeros(size, np.float32),
                            AggregationConfig(strategy="async"), learners=learners, actor=True,
                            pure=False, workers=[worker])
-    return future, ActorHandle(future.result(), timeout=300.0, combine=combine)
+    actor = future.result()
+    channel = actor.open_channel().result() if direct else None
+    return future, ActorHandle(actor, timeout=300.0, combine=combine, channel=channel)
 
 
 def combined_counts(key: str) -> dict:
@@ -199,15 +203,16 @@ def combined_counts(key: str) -> dict:
     return combiner.counts(key)
 
 
-PATHS = {"uncombined": (False, False), "combined": (True, False),
-         "combined-local": (True, True)}  # path -> (combine, moments local)
+PATHS = {"uncombined": (False, False, False), "combined": (True, False, False),
+         "combined-local": (True, True, False),
+         "direct": (True, False, True)}  # path -> (combine, moments local, direct channel)
 
 
 def window(client, workers: list[str], size: int, k: int, args: argparse.Namespace, *,
            path: str, profile: bool = False) -> dict:
-    combine, local = PATHS[path]
+    combine, local, direct = PATHS[path]
     actor_worker, callers = workers[0], workers[1:]
-    future, actor = new_actor(client, actor_worker, size, k, combine)
+    future, actor = new_actor(client, actor_worker, size, k, combine, direct)
     start_at = time.time() + 1.5 + 0.03 * k
     begin, stop_at = start_at + args.warmup_s, start_at + args.warmup_s + args.window_s
     cpu0 = client.run(cpu_seconds)
@@ -232,7 +237,8 @@ def window(client, workers: list[str], size: int, k: int, args: argparse.Namespa
     trips = client.run(combined_counts, actor.key, workers=callers)
     client.cancel([future])
     out = {"learners": k, "samplers": k, "window_s": args.window_s, "path": path,
-           "combine": combine, "moments_local": local, "combined": trips}
+           "combine": combine, "moments_local": local, "direct_channel": direct,
+           "combined": trips}
     for kind in KINDS:
         mine = [c for c in calls if c[0] == kind and begin <= c[2] <= stop_at]
         lat = np.array([c[2] - c[1] for c in mine]) * 1e3
@@ -330,7 +336,8 @@ def main() -> int:
     ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
                     help="uncombined: one actor call per call with the moments (the path "
                          "before); combined: call combining; combined-local: and the moments "
-                         "stay with the learners")
+                         "stay with the learners; direct: call combining, trips over the "
+                         "actor's direct channel (cluster.actor_transport: direct)")
     ap.add_argument("--label", default="current")
     ap.add_argument("--out", default=str(HERE / "results" / "parameter_service"))
     args = ap.parse_args()

@@ -350,6 +350,11 @@ class ClusterConfig:
     profile: bool = option(False, "Dask's statistical profiler on workers of local and rendered "
                                   "Kubernetes clusters (it samples every thread every 10 ms, "
                                   "slows rollouts ~15% and keeps ~110 MB of history per worker)")
+    actor_transport: str = option(
+        "dask", "how tasks on other workers reach the parameter actor: 'dask' (Dask actor "
+        "calls) or 'direct' (their combined calls over a TCP connection of their own to the "
+        "actor's worker, token-checked, unencrypted: tcp:// clusters only, elsewhere Dask)",
+        choices=("dask", "direct"))
     adapt: AdaptConfig | None = option(None, "scale workers to the RL workload (None: fixed)")
     upload: tuple[str, ...] = option((), "your code for the workers, sent before the run (and to "
                                          "workers that join later) with Dask's "

@@ -15,12 +15,17 @@ Examples
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from distributed import Actor, get_worker
 
+from dask_rl.runtime.channel import ChannelClient, Unreachable
 from dask_rl.runtime.combiner import Combiner, combiner_for
 from dask_rl.runtime.parameter_actor import COMBINABLE
+
+logger = logging.getLogger(__name__)
 
 
 class ActorHandle:
@@ -30,14 +35,18 @@ class ActorHandle:
     takes in batches (:data:`~dask_rl.runtime.parameter_actor.COMBINABLE`: pushes, pulls,
     learner pulls) travel together, mixed in the order they were made, one trip per round
     trip (:mod:`dask_rl.runtime.combiner`).
+
+    ``channel``: the actor's direct channel, ``(address, token)`` from its ``open_channel``:
+    combined trips then go over it instead of through Dask (:mod:`dask_rl.runtime.channel`).
     """
 
     def __init__(self, actor: Actor, *, timeout: float | None = None, epoch: str | None = None,
-                 combine: bool = True):
+                 combine: bool = True, channel: tuple[tuple[str, int], bytes] | None = None):
         self.actor = actor
         self.timeout = timeout
         self.epoch = epoch
         self.combine = combine
+        self.channel = channel
 
     @property
     def key(self) -> str:
@@ -52,13 +61,33 @@ class ActorHandle:
         return True, worker.state.actors.get(self.actor.key)
 
     def _combiner(self) -> Combiner:
-        actor = self.actor
+        actor, channel = self.actor, self.channel
 
-        def send(calls, timeout):
+        def through_dask(calls, timeout):
             return actor.call_many(calls).result(timeout=timeout).items
 
-        incarnation = (getattr(actor, "_address", None), self.epoch)
-        return combiner_for(actor.key, incarnation, lambda: Combiner(send))
+        def make() -> Combiner:
+            if channel is None:
+                return Combiner(through_dask)
+            client = ChannelClient(*channel)
+
+            def send(calls, timeout):
+                if client.reachable:
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                    try:
+                        return client.send(calls, timeout).items
+                    except Unreachable as exc:  # Dask may still reach the actor's worker
+                        client.reachable = False
+                        logger.warning("%s; this process's calls to the parameter actor go "
+                                       "through Dask instead", exc)
+                    if deadline is not None:
+                        timeout = max(deadline - time.monotonic(), 1e-3)
+                return through_dask(calls, timeout)
+
+            return Combiner(send)
+
+        incarnation = (getattr(actor, "_address", None), self.epoch, channel)
+        return combiner_for(actor.key, incarnation, make)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` and wait for its result (at most ``timeout`` seconds)."""

@@ -35,6 +35,7 @@ from dask_rl.algos.optim import make_optimizer, mean_adam_state
 from dask_rl.data import PolicySnapshot, PushAck
 from dask_rl.models.normalizer import merge_moments
 from dask_rl.runtime.actor_counters import Counters
+from dask_rl.runtime.channel import ChannelServer, open_channel
 from dask_rl.runtime.combiner import TripAnswers
 from dask_rl.runtime.exactly_once import ExactlyOnce
 from dask_rl.staleness import Arrival, Decision, make_strategy
@@ -105,6 +106,7 @@ class ParameterActor:
         self.apply_s = 0.0   # this incarnation's time gating and applying (not checkpointed)
         self.pushes = 0
         self.started = time.time()
+        self.channel: ChannelServer | None = None
         self._remember(self.current)
 
     # ---- calls from tasks --------------------------------------------------------------------
@@ -173,6 +175,14 @@ class ParameterActor:
             except Exception as exc:  # noqa: BLE001 - handed back to its own caller
                 out[i] = (False, exc)
         return TripAnswers(out)
+
+    @_locked
+    def open_channel(self) -> tuple[tuple[str, int], bytes] | None:
+        """The address and token of a direct channel to :meth:`call_many` (opened on first
+        call; :mod:`dask_rl.runtime.channel`), or None where the worker has none to offer."""
+        if self.channel is None:
+            self.channel = open_channel(self.call_many)
+        return None if self.channel is None else (self.channel.address, self.channel.token)
 
     @_locked
     def expect_learners(self, learner_ids: list[str]) -> int:
@@ -320,6 +330,7 @@ class ParameterActor:
                   "actor/rollout_pulls": c.rollout_pulls, "actor/rollout_loads": c.rollout_loads,
                   "actor/apply_s": self.apply_s, "actor/pushes": self.pushes,
                   "pushes/distinct": len(self.once),
+                  "actor/channel_trips": self.channel.trips if self.channel else 0,
                   "learners/exchange_skipped": self.exchange_skipped})
         return m
 

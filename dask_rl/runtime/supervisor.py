@@ -97,7 +97,11 @@ class ActorSupervisor:
                 f"{max(cfg.checkpoint.actor_timeout_s, 60.0):g} s: no worker took the task "
                 f"(are all workers paused for memory, or none of the allowed ones alive?)"
             ) from None
-        handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s, epoch=epoch)
+        channel = None
+        if cfg.cluster.actor_transport == "direct":
+            channel = self._wait(actor.open_channel(), max(cfg.checkpoint.actor_timeout_s, 60.0))
+        handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s, epoch=epoch,
+                             channel=channel)
         self._future = future  # keeps the actor alive
         return handle
 

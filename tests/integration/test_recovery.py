@@ -46,9 +46,21 @@ def _when(condition, timeout=300.0):
         time.sleep(0.1)
 
 
-def _actor_address(client) -> str:
-    actors = client.run(lambda dask_worker: list(dask_worker.state.actors))
-    return next(addr for addr, keys in actors.items() if keys)
+def _actor_address(client, transport: str = "dask") -> str:
+    """The worker holding the parameter actor; with ``transport`` direct, once its channel
+    has served trips (what shows the callers use it)."""
+    def trips(dask_worker):
+        return [getattr(a.channel, "trips", 0) for a in dask_worker.state.actors.values()]
+
+    found: dict[str, list[int]] = {}
+
+    def look() -> bool:  # workers holding an actor -> its channel's trips
+        found.clear()
+        found.update({a: t for a, t in client.run(trips).items() if t})
+        return bool(found) and (transport == "dask" or max(next(iter(found.values()))) > 0)
+
+    _when(look)
+    return next(iter(found))
 
 
 def _kill_worker_running(client, prefix: str, avoid: str | None) -> str:
@@ -177,22 +189,28 @@ def test_losing_a_learner_worker_between_its_push_and_its_result(tmp_path):
     check_run(run_dir, summary)
 
 
+TRANSPORTS = pytest.mark.parametrize("transport", ["dask", "direct"])
+
+
 @pytest.mark.slow
-def test_losing_the_parameter_actors_worker(tmp_path):
+@TRANSPORTS
+def test_losing_the_parameter_actors_worker(tmp_path, transport):
     """The actor's worker dies; the run rolls back to its checkpoint on a new actor, and a
     learner of the new actor then loses its worker right after its push: the re-created actor
-    refuses the re-run's push as the first one would have."""
+    refuses the re-run's push as the first one would have. With either transport of the
+    callers' trips (Dask's actor calls, or the actor's direct channel)."""
     marker = tmp_path / "pushed"
 
     def kill_actor(client):
-        addr = _actor_address(client)
+        addr = _actor_address(client, transport)
         os.kill(client.run(os.getpid, workers=[addr])[addr], signal.SIGKILL)
         return addr
 
     summary, run_dir, _ = _run_with_killer(
         tmp_path, kill_actor,
         # generation 1: the actor re-created by the recovery
-        plugin=_after_push(marker, min_seq=1, actor_prefix="parameter-actor-1-"))
+        plugin=_after_push(marker, min_seq=1, actor_prefix="parameter-actor-1-"),
+        extra=[f"cluster.actor_transport={transport}"])
     assert summary["recoveries"] >= 1, summary
     records = check_run(run_dir, summary)
     rec = next(r for r in records if r["kind"] == "recovery")
@@ -206,14 +224,15 @@ def test_losing_the_parameter_actors_worker(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path):
+@TRANSPORTS
+def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path, transport):
     """The actor hangs (its lock held longer than the test lasts): a timeout finds it, the run
     goes on with a new actor from the checkpoint, and that actor refuses a re-run learner's
     second push (its worker lost right after the first)."""
     marker = tmp_path / "pushed"
 
     def hang_actor(client):
-        addr = _actor_address(client)
+        addr = _actor_address(client, transport)
 
         def hang(dask_worker):
             [actor] = dask_worker.state.actors.values()
@@ -225,7 +244,8 @@ def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path):
 
     summary, run_dir, _ = _run_with_killer(
         tmp_path, hang_actor,
-        plugin=_after_push(marker, min_seq=1, actor_prefix="parameter-actor-1-"))
+        plugin=_after_push(marker, min_seq=1, actor_prefix="parameter-actor-1-"),
+        extra=[f"cluster.actor_transport={transport}"])
     assert summary["recoveries"] >= 1, summary
     records = check_run(run_dir, summary)
     rec = next(r for r in records if r["kind"] == "recovery")
