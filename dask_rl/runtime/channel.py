@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 _COUNT = struct.Struct("!I")
 TOKEN_BYTES = 16
+TOKEN_WAIT_S = 10.0
 
 
 def _send(sock: socket.socket, obj: Any) -> None:
@@ -112,11 +113,13 @@ class ChannelServer:
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 token = bytearray(TOKEN_BYTES)
+                conn.settimeout(TOKEN_WAIT_S)  # a silent connection holds no thread long
                 _recv_into(conn, token)
                 if not hmac.compare_digest(bytes(token), self.token):
                     logger.warning("a connection to the parameter channel without its token "
                                    "was closed")
                     return
+                conn.settimeout(None)
                 while not self.closed:
                     calls = _recv(conn)
                     serve = self._serve()
@@ -128,7 +131,12 @@ class ChannelServer:
                         reply = (False, exc)
                     del serve
                     self.trips += 1
-                    _send(conn, reply)
+                    try:
+                        _send(conn, reply)
+                    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                        # pickled before anything is written: the trip fails, not the channel
+                        _send(conn, (False, RuntimeError(f"the parameter actor's answer "
+                                                         f"could not be pickled: {exc!r}")))
             except (OSError, EOFError, pickle.UnpicklingError):
                 return  # the caller went (or gave up on its trip): its connection with it
 

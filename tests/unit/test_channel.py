@@ -97,6 +97,21 @@ def test_a_failing_trip_raises_its_error_and_the_connection_goes_on():
     server.close()
 
 
+def test_an_answer_that_cannot_be_pickled_fails_its_trip_not_the_channel():
+    class Serve:
+        def call_many(self, calls):
+            return calls[0] if calls else (lambda: None)
+
+    serve = Serve()
+    server = ChannelServer(serve.call_many, "127.0.0.1")
+    client = ChannelClient(server.address, server.token)
+    with pytest.raises(RuntimeError, match="could not be pickled"):
+        client.send([], timeout=10)
+    assert client.send(["next"], timeout=10) == "next"  # the same connection goes on
+    assert len(client._idle) == 1
+    server.close()
+
+
 def test_a_trip_past_its_timeout_raises_and_its_late_answer_is_never_read():
     actor = _actor()
     server = ChannelServer(actor.call_many, "127.0.0.1")
