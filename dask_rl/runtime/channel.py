@@ -11,10 +11,11 @@ Dask's thread would: the answers, the lock and exactly-once pushes are those of 
 Frames: a header (how many parts, each part's length), then the parts: a pickle (protocol 5)
 and its numpy buffers out of band, so arrays are written from their own memory and read into
 buffers of their own (no copy into one message). A connection carries one trip at a time; a
-client keeps idle connections for the next trips. A connection starts with the channel's
-token (random, handed out with the actor's handle): a connection without it is closed. A
-trip that fails or times out closes its connection (its answer may still come), so a late
-answer is never read as another trip's.
+client keeps idle connections for the next trips. A connection starts with a handshake in
+which each side proves it holds the channel's token (random, handed out with the actor's
+handle) without sending it: a connection that cannot is closed. A trip's timeout bounds its
+sending and its answer together; a trip that fails or times out closes its connection (its
+answer may still come), so a late answer is never read as another trip's.
 
 The actor's worker must be reachable on another port than Dask's (as on a LocalCluster, a
 Kubernetes pod network or an HPC node); never with ``tls://``: the channel is not encrypted
@@ -30,6 +31,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -37,67 +39,110 @@ logger = logging.getLogger(__name__)
 
 _COUNT = struct.Struct("!I")
 TOKEN_BYTES = 16
-TOKEN_WAIT_S = 10.0
+HANDSHAKE_S = 10.0  # a connection that does not prove the token by then is closed
+CONNECT_S = 5.0     # a connection's own budget: never the little left of a caller's time
 
 
-def _send(sock: socket.socket, obj: Any) -> None:
+def _left(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("a trip over the parameter actor's channel ran out of time")
+    return left
+
+
+def _dumps(obj: Any) -> list[memoryview]:
+    """The frame of ``obj``: header, pickle, out-of-band buffers (empty parts left out)."""
     buffers: list[pickle.PickleBuffer] = []
     main = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     parts = [memoryview(main), *(b.raw() for b in buffers)]
     header = _COUNT.pack(len(parts)) + struct.pack(f"!{len(parts)}Q", *(p.nbytes for p in parts))
-    pending = [p for p in (memoryview(header), *parts) if p.nbytes]
+    return [p for p in (memoryview(header), *parts) if p.nbytes]
+
+
+def _send(sock: socket.socket, frame: list[memoryview], deadline: float | None = None) -> None:
     i = 0
-    while i < len(pending):  # sendmsg may write part of what it is given
-        sent = sock.sendmsg(pending[i:i + 512])
+    while i < len(frame):  # sendmsg may write part of what it is given
+        sock.settimeout(_left(deadline))
+        sent = sock.sendmsg(frame[i:i + 512])
         while sent:
-            if sent >= pending[i].nbytes:
-                sent -= pending[i].nbytes
+            if sent >= frame[i].nbytes:
+                sent -= frame[i].nbytes
                 i += 1
             else:
-                pending[i], sent = pending[i][sent:], 0
+                frame[i], sent = frame[i][sent:], 0
 
 
-def _recv_into(sock: socket.socket, buf: bytearray | memoryview) -> None:
+def _recv_into(sock: socket.socket, buf: bytearray, deadline: float | None = None) -> None:
     view, got = memoryview(buf), 0
     while got < view.nbytes:
+        sock.settimeout(_left(deadline))
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ConnectionError("the parameter actor's channel closed")
         got += n
 
 
-def _recv(sock: socket.socket) -> Any:
+def _recv_parts(sock: socket.socket, deadline: float | None = None) -> list[bytearray]:
     head = bytearray(_COUNT.size)
-    _recv_into(sock, head)
+    _recv_into(sock, head, deadline)
     (count,) = _COUNT.unpack(head)
     lengths = bytearray(8 * count)
-    _recv_into(sock, lengths)
+    _recv_into(sock, lengths, deadline)
     parts = [bytearray(n) for n in struct.unpack(f"!{count}Q", lengths)]
     for part in parts:
-        _recv_into(sock, part)
+        _recv_into(sock, part, deadline)
+    return parts
+
+
+def _loads(parts: list[bytearray]) -> Any:
     return pickle.loads(parts[0], buffers=parts[1:])
+
+
+def _proof(token: bytes, side: bytes, nonce: bytes) -> bytes:
+    return hmac.new(token, side + nonce, "sha256").digest()
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # a silently lost peer ends
 
 
 class ChannelServer:
     """Serves trips to ``serve`` (an actor's ``call_many``, held weakly: the channel closes
-    when the actor is released) on a port of ``host``."""
+    when the actor is released) on a port of ``host``.
+
+    Each side proves it holds the token without sending it: the client sends a nonce, the
+    server answers its own nonce and an HMAC of the client's, the client answers an HMAC of
+    the server's. So a process that took a dead worker's port learns nothing a client would
+    act on, and a client unpickles only what a holder of the token sent."""
 
     def __init__(self, serve: Callable[[list], Any], host: str):
         self._serve = weakref.WeakMethod(serve)
         self.token = secrets.token_bytes(TOKEN_BYTES)
-        self._listener = socket.create_server((host, 0))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family)
         self.address = (host, self._listener.getsockname()[1])
         self.closed = False
         self.trips = 0  # trips served
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
         weakref.finalize(serve.__self__, self.close)
         threading.Thread(target=self._accept, name="parameter-channel", daemon=True).start()
 
     def close(self) -> None:
-        self.closed = True
-        try:
-            self._listener.close()
-        except OSError:
-            pass
+        """Stop listening and end every connection (a thread blocked in ``accept`` or a
+        read is woken by the shutdown; a plain close would not wake it)."""
+        with self._lock:
+            self.closed = True
+            socks, self._conns = [self._listener, *self._conns], set()
+        for sock in socks:
+            for end in (lambda: sock.shutdown(socket.SHUT_RDWR), sock.close):
+                try:
+                    end()
+                except OSError:
+                    pass
 
     def _accept(self) -> None:
         while not self.closed:
@@ -105,40 +150,57 @@ class ChannelServer:
                 conn, _ = self._listener.accept()
             except OSError:  # closed
                 return
+            with self._lock:
+                if self.closed:
+                    conn.close()
+                    return
+                self._conns.add(conn)
             threading.Thread(target=self._connection, args=(conn,), daemon=True,
                              name="parameter-channel-trip").start()
 
+    def _handshake(self, conn: socket.socket) -> bool:
+        deadline = time.monotonic() + HANDSHAKE_S  # a silent connection holds no thread long
+        theirs = bytearray(TOKEN_BYTES)
+        _recv_into(conn, theirs, deadline)
+        mine = secrets.token_bytes(TOKEN_BYTES)
+        _send(conn, [memoryview(mine + _proof(self.token, b"server", bytes(theirs)))], deadline)
+        proof = bytearray(32)
+        _recv_into(conn, proof, deadline)
+        return hmac.compare_digest(bytes(proof), _proof(self.token, b"client", mine))
+
     def _connection(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                token = bytearray(TOKEN_BYTES)
-                conn.settimeout(TOKEN_WAIT_S)  # a silent connection holds no thread long
-                _recv_into(conn, token)
-                if not hmac.compare_digest(bytes(token), self.token):
-                    logger.warning("a connection to the parameter channel without its token "
-                                   "was closed")
+        try:
+            _tune(conn)
+            if not self._handshake(conn):
+                logger.warning("a connection to the parameter channel without its token "
+                               "was closed")
+                return
+            conn.settimeout(None)
+            while not self.closed:
+                parts = _recv_parts(conn)
+                serve = self._serve()
+                if serve is None:  # the actor is gone
                     return
-                conn.settimeout(None)
-                while not self.closed:
-                    calls = _recv(conn)
-                    serve = self._serve()
-                    if serve is None:  # the actor is gone
-                        return
-                    try:
-                        reply = (True, serve(calls))
-                    except Exception as exc:  # noqa: BLE001 - the trip's callers raise it
-                        reply = (False, exc)
-                    del serve
+                try:
+                    reply = (True, serve(_loads(parts)))
+                except Exception as exc:  # noqa: BLE001 - the trip's callers raise it
+                    reply = (False, exc)
+                del serve, parts
+                with self._lock:
                     self.trips += 1
-                    try:
-                        _send(conn, reply)
-                    except (pickle.PicklingError, TypeError, AttributeError) as exc:
-                        # pickled before anything is written: the trip fails, not the channel
-                        _send(conn, (False, RuntimeError(f"the parameter actor's answer "
-                                                         f"could not be pickled: {exc!r}")))
-            except (OSError, EOFError, pickle.UnpicklingError):
-                return  # the caller went (or gave up on its trip): its connection with it
+                try:
+                    frame = _dumps(reply)
+                except Exception as exc:  # noqa: BLE001 - pickled before anything is sent
+                    frame = _dumps((False, RuntimeError(
+                        f"the parameter actor's answer could not be pickled: {exc!r}")))
+                del reply  # an exception's traceback would hold the actor between trips
+                _send(conn, frame)
+        except (OSError, EOFError, MemoryError, struct.error):
+            return  # the caller went (or gave up on its trip): its connection with it
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
 
 
 class Unreachable(ConnectionError):
@@ -157,24 +219,44 @@ class ChannelClient:
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
 
+    def _connect(self) -> socket.socket:
+        """A connection whose server proved the token (within ``CONNECT_S``, whatever is
+        left of the caller's time)."""
+        deadline = time.monotonic() + CONNECT_S
+        try:
+            conn = socket.create_connection(self.address, timeout=CONNECT_S)
+        except OSError as exc:
+            raise Unreachable(f"the parameter actor's channel at {self.address[0]}:"
+                              f"{self.address[1]}: {exc}") from exc
+        try:
+            _tune(conn)
+            mine = secrets.token_bytes(TOKEN_BYTES)
+            _send(conn, [memoryview(mine)], deadline)
+            answer = bytearray(TOKEN_BYTES + 32)
+            _recv_into(conn, answer, deadline)
+            theirs, proof = bytes(answer[:TOKEN_BYTES]), bytes(answer[TOKEN_BYTES:])
+            if not hmac.compare_digest(proof, _proof(self.token, b"server", mine)):
+                raise ConnectionError(f"{self.address[0]}:{self.address[1]} is not the "
+                                      f"parameter actor's channel (it lacks the token)")
+            _send(conn, [memoryview(_proof(self.token, b"client", theirs))], deadline)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def send(self, calls: list, timeout: float | None) -> Any:
         """The actor's answer to one trip (raises what the trip raised, ``TimeoutError`` past
-        ``timeout`` seconds, :class:`Unreachable` if no connection can be made, another
-        ``OSError`` if the connection fails during the trip)."""
+        ``timeout`` seconds for the trip's sending and answer, :class:`Unreachable` if no
+        connection can be made, another ``OSError`` if the connection fails on the way)."""
+        frame = _dumps(calls)  # a call that cannot be pickled fails before any connection
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         if conn is None:
-            try:
-                conn = socket.create_connection(self.address, timeout=timeout)
-            except OSError as exc:
-                raise Unreachable(f"the parameter actor's channel at {self.address[0]}:"
-                                  f"{self.address[1]}: {exc}") from exc
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sendall(self.token)
+            conn = self._connect()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            conn.settimeout(timeout)
-            _send(conn, calls)
-            ok, value = _recv(conn)
+            _send(conn, frame, deadline)
+            ok, value = _loads(_recv_parts(conn, deadline))
         except BaseException:
             conn.close()  # its answer may still come: never read it as another trip's
             raise
@@ -206,4 +288,10 @@ def open_channel(serve: Callable[[list], Any]) -> ChannelServer | None:
         logger.info("no direct parameter channel on a %s:// worker: calls go through Dask",
                     scheme)
         return None
-    return ChannelServer(serve, parse_host_port(location)[0])
+    host = parse_host_port(location)[0]
+    try:
+        return ChannelServer(serve, host)
+    except OSError as exc:  # e.g. an advertised address that is no interface here (NAT)
+        logger.warning("no direct parameter channel on %s (%s): calls go through Dask",
+                       host, exc)
+        return None

@@ -11,7 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from dask_rl.runtime.channel import ChannelClient, ChannelServer, _recv, _send
+from dask_rl.data import PolicySnapshot
+from dask_rl.runtime import channel as channel_module
+from dask_rl.runtime.channel import ChannelClient, ChannelServer, _dumps, _loads, _recv_parts, _send
 from dask_rl.runtime.parameter_actor import ParameterActor
 from dask_rl.staleness import AsyncConfig
 
@@ -60,29 +62,87 @@ def test_a_trip_over_the_channel_is_answered_as_the_actor_answers_it_in_process(
 
 
 @pytest.mark.parametrize("obj", [
-    {"big": np.arange(3_000_000, dtype=np.float32)},  # 12 MB: sendmsg writes it in pieces
+    {"big": np.arange(3_000_000, dtype=np.float32)},  # 12 MB: written in pieces
     {"empty": np.zeros(0, np.float32), "scalar": np.float32(2.5), "none": None},
-    {"strided": np.arange(100, dtype=np.float64)[::3], "text": "x" * 100_000},
-], ids=["large", "empty", "strided"])
+    {"strided": np.arange(100, dtype=np.float64)[::3], "text": "x" * 100_000,
+     "fortran": np.asfortranarray(np.arange(12.0).reshape(3, 4))},
+    {"many": [np.full(3, i, np.int64) for i in range(1500)]},  # more parts than one sendmsg
+], ids=["large", "empty", "strided", "many"])
 def test_frames_carry_any_arrays_exactly(obj):
     a, b = socket.socketpair()
+    a.settimeout(10)  # non-blocking underneath: a full buffer makes sendmsg write in part
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     got = {}
-    reader = threading.Thread(target=lambda: got.update(_recv(b)))
+
+    def read():
+        time.sleep(0.2)  # let the sender fill the buffer first
+        got.update(_loads(_recv_parts(b)))
+
+    reader = threading.Thread(target=read)
     reader.start()
-    _send(a, obj)
+    _send(a, _dumps(obj))
     reader.join(10)
     assert _same(got, obj)
     a.close()
     b.close()
 
 
-def test_a_connection_without_the_token_is_closed_unserved():
+def test_a_client_without_the_token_is_refused_unserved():
     actor = _actor()
     server = ChannelServer(actor.call_many, "127.0.0.1")
     wrong = ChannelClient(server.address, bytes(16))
-    with pytest.raises(OSError):
+    with pytest.raises(ConnectionError, match="lacks the token"):
         wrong.send([("push", (np.ones(20_000, np.float32), 0, "A"), {"seq": 1})], timeout=10)
-    assert actor.current.version == 0  # the push was never served
+    # a raw client that answers the server's challenge wrongly is closed before any trip
+    with socket.create_connection(server.address, timeout=10) as raw:
+        raw.sendall(bytes(16))
+        raw.recv(48)
+        raw.sendall(bytes(32))
+        raw.sendall(b"anything")
+        assert raw.recv(10) == b""  # closed
+    assert actor.current.version == 0  # nothing was served
+    assert server.trips == 0
+    server.close()
+
+
+def test_a_server_without_the_token_is_never_sent_a_trip_nor_believed():
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen = bytearray()
+
+    def impostor():  # took the port: answers the handshake with what it can
+        conn, _ = listener.accept()
+        with conn:
+            seen.extend(conn.recv(16))
+            conn.sendall(bytes(48))
+            conn.settimeout(2)
+            try:
+                while chunk := conn.recv(65536):
+                    seen.extend(chunk)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=impostor)
+    thread.start()
+    client = ChannelClient(listener.getsockname(), b"t" * 16)
+    with pytest.raises(ConnectionError, match="lacks the token"):
+        client.send([("pull", (), {})], timeout=10)
+    thread.join(10)
+    assert len(seen) == 16 and b"t" * 16 not in seen  # a nonce only: no token, no trip
+    listener.close()
+
+
+def test_a_silent_connection_is_closed_after_the_handshake_time(monkeypatch):
+    monkeypatch.setattr(channel_module, "HANDSHAKE_S", 0.3)
+    actor = _actor()
+    server = ChannelServer(actor.call_many, "127.0.0.1")
+    with socket.create_connection(server.address, timeout=10) as raw:
+        t0 = time.monotonic()
+        assert raw.recv(10) == b""  # the server ended it
+        assert time.monotonic() - t0 < 5
+    deadline = time.monotonic() + 5
+    while server._conns and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not server._conns
     server.close()
 
 
@@ -125,7 +185,8 @@ def test_a_trip_past_its_timeout_raises_and_its_late_answer_is_never_read():
     assert client._idle == []  # the timed-out trip's connection is closed, not kept
     actor.lock.release()  # the late push is served; its answer goes nowhere
     ok, snap = client.send([("pull", (), {})], timeout=10).items[0]
-    assert ok and isinstance(snap.version, int)  # this trip's own answer, not the push's ack
+    # this trip's own answer (the pull, after the late push), not the push's acknowledgement
+    assert ok and isinstance(snap, PolicySnapshot) and snap.version == 1
     server.close()
 
 
@@ -137,10 +198,10 @@ def test_a_released_actor_closes_its_channel():
     del actor
     gc.collect()
     assert server.closed
-    with pytest.raises(OSError):  # the idle connection's next trip finds no actor
+    with pytest.raises(OSError):  # the idle connection was ended with the channel
         client.send([("pull", (), {})], timeout=10)
-    with pytest.raises(OSError):  # and no new connection is taken
-        ChannelClient(server.address, server.token).send([("pull", (), {})], timeout=10)
+    with pytest.raises(ConnectionRefusedError):  # and nothing listens on its port any more
+        socket.create_connection(server.address, timeout=10)
 
 
 def test_the_token_and_channel_address_survive_pickling_with_the_handle():
@@ -185,3 +246,15 @@ def test_an_actor_opens_a_channel_on_a_tcp_worker_and_none_on_an_inproc_one():
                                  workers=[b]).result()
         assert versions == [0, 0, 0]
         assert actor.metrics().result()["actor/channel_trips"] == 1
+        # released by Dask (the run's end, or a re-created actor): its channel closes
+        del actor, handle, blocked
+        client.cancel(future)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(channel[0], timeout=5).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the released actor's channel still listens")
