@@ -351,10 +351,10 @@ class ClusterConfig:
                                   "Kubernetes clusters (it samples every thread every 10 ms, "
                                   "slows rollouts ~15% and keeps ~110 MB of history per worker)")
     actor_transport: str = option(
-        "dask", "how tasks on other workers reach the parameter actor: 'dask' (Dask actor "
-        "calls) or 'direct' (their combined calls over a TCP connection of their own to the "
-        "actor's worker, token-checked, unencrypted: tcp:// clusters only, elsewhere Dask)",
-        choices=("dask", "direct"))
+        "direct", "how tasks on other workers reach the parameter actor: 'direct' (their "
+        "combined calls over a TCP connection of their own to the actor's worker, "
+        "HMAC-checked, unencrypted: tcp:// clusters only; where it cannot be opened or "
+        "reached, Dask) or 'dask' (Dask actor calls)", choices=("direct", "dask"))
     adapt: AdaptConfig | None = option(None, "scale workers to the RL workload (None: fixed)")
     upload: tuple[str, ...] = option((), "your code for the workers, sent before the run (and to "
                                          "workers that join later) with Dask's "
