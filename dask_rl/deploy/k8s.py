@@ -47,6 +47,9 @@ VALUE_FROM = ("secretKeyRef", "configMapKeyRef")
 #: them; every worker has a pod and an address of its own, so they never collide).
 SCHEDULER_PORT, DASHBOARD_PORT = 8786, 8787
 WORKER_DASHBOARD_PORT, WORKER_PORT, NANNY_PORT = 8788, 8789, 8790
+#: The parameter actor's direct channel (``dask_rl.runtime.channel``): the first free port of
+#: this range on the actor's worker (a few actors may share a worker: PBT's population).
+CHANNEL_PORTS = tuple(range(8791, 8799))
 DASK_PORTS = (SCHEDULER_PORT, DASHBOARD_PORT, WORKER_DASHBOARD_PORT, WORKER_PORT, NANNY_PORT)
 
 #: The labels the dask-kubernetes operator puts on the pods it creates for a DaskCluster or a
@@ -199,13 +202,17 @@ def _worker_pod(cfg: PipelineConfig, *, resources: dict, dask_resources: str | N
             "--worker-port", str(WORKER_PORT), "--nanny-port", str(NANNY_PORT)]
     if dask_resources:
         args += ["--resources", dask_resources]
+    channel = {"name": "DASK_RL_CHANNEL_PORTS",
+               "value": f"{CHANNEL_PORTS[0]}-{CHANNEL_PORTS[-1]}"}
     return _pod([{
         "name": "worker", "image": k.image, "args": args,
-        "env": _env(cfg) + _scheduler_address(cfg), "resources": resources,
+        "env": [*_env(cfg), channel, *_scheduler_address(cfg)], "resources": resources,
         "ports": [{"name": "http-dashboard", "containerPort": WORKER_DASHBOARD_PORT,
                    "protocol": "TCP"},
                   {"name": "tcp-worker", "containerPort": WORKER_PORT, "protocol": "TCP"},
-                  {"name": "tcp-nanny", "containerPort": NANNY_PORT, "protocol": "TCP"}],
+                  {"name": "tcp-nanny", "containerPort": NANNY_PORT, "protocol": "TCP"},
+                  *({"name": f"tcp-channel-{i}", "containerPort": port, "protocol": "TCP"}
+                    for i, port in enumerate(CHANNEL_PORTS))],
     }], cfg, automountServiceAccountToken=False)
 
 
@@ -290,19 +297,23 @@ def render_network_policies(cfg: PipelineConfig) -> list[dict]:
                 "matchExpressions": [{"key": COMPONENT_LABEL, "operator": "In",
                                       "values": list(RUN_COMPONENTS)}]}
 
-    def policy(name: str, pods: dict, peer: dict, ports: tuple[int, ...]) -> dict:
+    def policy(name: str, pods: dict, peer: dict, ports: tuple) -> dict:  # a port or a range
         return {"apiVersion": NETWORKING_API, "kind": "NetworkPolicy",
                 "metadata": {"name": name, "namespace": k.namespace,
                              "labels": {"app.kubernetes.io/part-of": "dask-rl"}},
                 "spec": {"podSelector": pods, "policyTypes": ["Ingress"],
                          "ingress": [{"from": [peer],
-                                      "ports": [{"protocol": "TCP", "port": p}
+                                      "ports": [{"protocol": "TCP", "port": p[0], "endPort": p[1]}
+                                                if isinstance(p, tuple) else
+                                                {"protocol": "TCP", "port": p}
                                                 for p in ports]}]}}
 
     operator = {"namespaceSelector": {"matchLabels": {
                     "kubernetes.io/metadata.name": OPERATOR_NAMESPACE}},
                 "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
-    return [policy(f"{k.name}-pods", run_pods(), {"podSelector": run_pods()}, DASK_PORTS),
+    channel = (CHANNEL_PORTS[0], CHANNEL_PORTS[-1])
+    return [policy(f"{k.name}-pods", run_pods(), {"podSelector": run_pods()},
+                   (*DASK_PORTS, channel)),
             policy(f"{k.name}-operator",
                    {"matchLabels": {CLUSTER_LABEL: k.name, COMPONENT_LABEL: "scheduler"}},
                    operator, (SCHEDULER_PORT, DASHBOARD_PORT))]

@@ -17,15 +17,17 @@ handle) without sending it: a connection that cannot is closed. A trip's timeout
 sending and its answer together; a trip that fails or times out closes its connection (its
 answer may still come), so a late answer is never read as another trip's.
 
-The actor's worker must be reachable on another port than Dask's (as on a LocalCluster, a
-Kubernetes pod network or an HPC node); never with ``tls://``: the channel is not encrypted
-(:func:`open_channel` refuses, and the callers use Dask).
+The actor's worker must be reachable on another port than Dask's: any free one (a
+LocalCluster, an HPC node), or one of the range in ``DASK_RL_CHANNEL_PORTS``, which the
+Kubernetes manifests set and their NetworkPolicy admits. Never with ``tls://``: the channel is
+not encrypted (:func:`open_channel` refuses, and the callers use Dask).
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import os
 import pickle
 import secrets
 import socket
@@ -38,6 +40,7 @@ from typing import Any, Callable
 logger = logging.getLogger(__name__)
 
 _COUNT = struct.Struct("!I")
+PORTS_ENV = "DASK_RL_CHANNEL_PORTS"
 TOKEN_BYTES = 16
 HANDSHAKE_S = 10.0  # a connection that does not prove the token by then is closed
 CONNECT_S = 5.0     # a connection's own budget: never the little left of a caller's time
@@ -109,6 +112,27 @@ def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # a silently lost peer ends
 
 
+def _listen(host: str) -> socket.socket:
+    """A listening socket on ``host``: any free port, or the first free one of the range in
+    ``DASK_RL_CHANNEL_PORTS`` (``8791-8798``: where a NetworkPolicy admits only named ports,
+    as ``dask-rl k8s render`` writes them)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    spec = os.environ.get(PORTS_ENV, "").strip()
+    if not spec:
+        return socket.create_server((host, 0), family=family)
+    try:
+        first, _, last = spec.partition("-")
+        ports = range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise OSError(f"{PORTS_ENV}={spec!r} is no port range (e.g. 8791-8798)") from None
+    for port in ports:
+        try:
+            return socket.create_server((host, port), family=family)
+        except OSError:  # taken (another actor of this worker, say): the next
+            continue
+    raise OSError(f"no free port in {PORTS_ENV}={spec}")
+
+
 class ChannelServer:
     """Serves trips to ``serve`` (an actor's ``call_many``, held weakly: the channel closes
     when the actor is released) on a port of ``host``.
@@ -121,8 +145,7 @@ class ChannelServer:
     def __init__(self, serve: Callable[[list], Any], host: str):
         self._serve = weakref.WeakMethod(serve)
         self.token = secrets.token_bytes(TOKEN_BYTES)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, 0), family=family)
+        self._listener = _listen(host)
         self.address = (host, self._listener.getsockname()[1])
         self.closed = False
         self.trips = 0  # trips served

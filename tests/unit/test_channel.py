@@ -258,3 +258,20 @@ def test_an_actor_opens_a_channel_on_a_tcp_worker_and_none_on_an_inproc_one():
             time.sleep(0.1)
         else:
             raise AssertionError("the released actor's channel still listens")
+
+
+def test_the_channel_takes_the_first_free_port_of_its_range(monkeypatch):
+    with socket.socket() as probe:  # a free range of three, very likely
+        probe.bind(("127.0.0.1", 0))
+        first = probe.getsockname()[1]
+    monkeypatch.setenv(channel_module.PORTS_ENV, f"{first}-{first + 2}")
+    actors = [_actor(i, 10) for i in range(4)]
+    servers = [ChannelServer(a.call_many, "127.0.0.1") for a in actors[:3]]
+    assert [srv.address[1] for srv in servers] == [first, first + 1, first + 2]
+    with pytest.raises(OSError, match="no free port"):  # open_channel then falls back to Dask
+        ChannelServer(actors[3].call_many, "127.0.0.1")
+    monkeypatch.setenv(channel_module.PORTS_ENV, "eighty")
+    with pytest.raises(OSError, match="no port range"):
+        ChannelServer(actors[3].call_many, "127.0.0.1")
+    for srv in servers:
+        srv.close()
