@@ -137,13 +137,13 @@ class Combiner:
             self._queues[me.lane].append(me)
             batch = self._take(me.lane)
         if batch is None:  # wait: for an answer, or to be chosen to send a trip
-            if not me.event.wait(_left(deadline)):
+            if not me.event.wait(seconds_left(deadline)):
                 self._give_up(me)
             if me.answered:
                 return self._outcome(me)
             batch = me.batch
         assert batch is not None and me in batch  # a sender always carries its own call
-        self._trip(batch, _left(deadline))
+        self._trip(batch, seconds_left(deadline))
         return self._outcome(me)
 
     def _take(self, lane: int) -> list[_Waiter] | None:
@@ -205,7 +205,7 @@ class Combiner:
             raise interrupted
 
 
-def _left(deadline: float | None) -> float | None:
+def seconds_left(deadline: float | None) -> float | None:
     """Seconds to ``deadline`` (None: no deadline), at least a little."""
     return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
 

@@ -22,7 +22,7 @@ from typing import Any
 from distributed import Actor, get_worker
 
 from dask_rl.runtime.channel import ChannelClient, Unreachable
-from dask_rl.runtime.combiner import Combiner, combiner_for
+from dask_rl.runtime.combiner import Combiner, combiner_for, seconds_left
 from dask_rl.runtime.parameter_actor import COMBINABLE
 
 logger = logging.getLogger(__name__)
@@ -80,8 +80,7 @@ class ActorHandle:
                         client.reachable = False
                         logger.warning("%s; this process's calls to the parameter actor go "
                                        "through Dask instead", exc)
-                    if deadline is not None:
-                        timeout = max(deadline - time.monotonic(), 1e-3)
+                    timeout = seconds_left(deadline)
                 return through_dask(calls, timeout)
 
             return Combiner(send)

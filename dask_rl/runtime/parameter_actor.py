@@ -10,13 +10,11 @@ update builds new arrays instead of writing into old ones, so a snapshot handed 
 the same worker (no serialisation) never changes under it, and the last few versions stay
 available for Stellaris' importance-sampling truncation.
 
-Notes
------
-Dask runs an actor's methods on one dedicated thread; tasks on the actor's own worker call it
-in-process through :class:`ActorHandle` instead of a loop-back RPC, so every public method holds
-``self.lock``. Calls may arrive out of order; each push carries the version its learner pulled,
-which is all the strategy needs. Pushes the actor has taken are refused again
-(:mod:`dask_rl.runtime.exactly_once`).
+Dask runs an actor's methods on one thread; tasks on its own worker call it in-process
+(:class:`ActorHandle`) and other workers' trips may come over its channel's threads
+(:mod:`dask_rl.runtime.channel`), so every public method holds ``self.lock``. Calls may arrive
+out of order; each push carries the version its learner pulled, all the strategy needs.
+Pushes the actor has taken are refused again (:mod:`dask_rl.runtime.exactly_once`).
 """
 
 from __future__ import annotations
@@ -154,16 +152,13 @@ class ParameterActor:
 
     @_locked
     def call_many(self, calls: list[tuple[str, tuple, dict]]) -> TripAnswers:
-        """Several calls in one (a :class:`~dask_rl.runtime.combiner.Combiner`'s trip), each
-        ``(method, args, kwargs)`` of a method in :data:`COMBINABLE`, served under one hold
-        of the lock: first the trip's pushes, then its pulls and learner pulls, each in the
-        given order. Each call gets exactly the answer it would have got alone at that place
-        in that order, as ``(True, result)``, or ``(False, exception)`` if it raised (only
-        that call fails); answers come back in the calls' order.
-
-        A trip's calls come from different threads (a caller has one call at a time), so any
-        order of them is one their callers could have met; pushes first gives all pulls of a
-        trip the newest version, whose arrays then travel once in the answer."""
+        """A :class:`~dask_rl.runtime.combiner.Combiner`'s trip: ``(method, args, kwargs)``
+        of methods in :data:`COMBINABLE`, served under one hold of the lock, the pushes first,
+        then the pulls, each in the given order. Each call gets the answer it would have got
+        alone there, ``(True, result)`` or ``(False, exception)`` (only it fails), in the
+        calls' order. A trip's calls come from different threads, so any order of them is
+        one their callers could have met; pushes first gives all pulls the newest version,
+        whose arrays then travel once in the answer."""
         unknown = {method for method, _, _ in calls} - COMBINABLE
         if unknown:
             raise ValueError(f"{', '.join(sorted(unknown))} calls are not combined")
@@ -178,8 +173,7 @@ class ParameterActor:
 
     @_locked
     def open_channel(self) -> tuple[tuple[str, int], bytes] | None:
-        """The address and token of a direct channel to :meth:`call_many` (opened on first
-        call; :mod:`dask_rl.runtime.channel`), or None where the worker has none to offer."""
+        """The (address, token) of a channel to :meth:`call_many` (:mod:`~.channel`), or None."""
         if self.channel is None:
             self.channel = open_channel(self.call_many)
         return None if self.channel is None else (self.channel.address, self.channel.token)
@@ -233,13 +227,11 @@ class ParameterActor:
             self.counts.refused += 1
             logger.warning("refused a push from %s: %s", learner_id, refusal)
             # a re-run learner pulled again (and became active): nothing will come from it
-            self.learning.pop(learner_id, None)
-            self.published.pop(learner_id, None)
+            self._inactive(learner_id)
             self._execute(self.strategy.on_learner_released(learner_id))
             return PushAck("refused", self.current.version)
         self.once.taken(seq)
-        self.learning.pop(learner_id, None)
-        self.published.pop(learner_id, None)
+        self._inactive(learner_id)
         if moments and self.current.moments:
             # Statistics describe data, not the gradient: merge them whatever the gradient's fate.
             merged = {k: merge_moments(v, moments[k]) if k in moments else v
@@ -261,12 +253,8 @@ class ParameterActor:
         self._execute(decisions)
         self.apply_s += time.perf_counter() - t0
         weight = next((w for d in decisions for i, w in d.apply if i == gid), None)
-        if weight is not None:
-            status = "applied"
-        elif any(gid in d.drop for d in decisions):
-            status = "dropped"
-        else:
-            status = "buffered"
+        status = ("applied" if weight is not None
+                  else "dropped" if any(gid in d.drop for d in decisions) else "buffered")
         return PushAck(status, self.current.version, staleness, weight)
 
     @_locked
@@ -277,8 +265,7 @@ class ParameterActor:
     @_locked
     def learner_lost(self, learner_id: str) -> int:
         """The driver saw a learner task fail: release any barrier waiting for it."""
-        self.learning.pop(learner_id, None)
-        self.published.pop(learner_id, None)
+        self._inactive(learner_id)
         self._execute(self.strategy.on_learner_lost(learner_id))
         return self.current.version
 
@@ -365,10 +352,8 @@ class ParameterActor:
         if self.current.version != self.strategy.version:
             raise ValueError(f"parameter version {self.current.version} does not match the "
                              f"strategy's version {self.strategy.version}")
-        self.gradients.clear()
-        self.learning.clear()
-        self.published.clear()
-        self.history.clear()
+        for gone in (self.gradients, self.learning, self.published, self.history):
+            gone.clear()
         self._remember(self.current)
         return self.current.version
 
@@ -403,6 +388,11 @@ class ParameterActor:
         if self.target_every and self.current.version % self.target_every == 0:
             self.target, self.target_moments = params, cur.moments
         self._remember(self.current)
+
+    def _inactive(self, learner_id: str) -> None:
+        """The learner computes no more: no barrier or truncation counts it."""
+        self.learning.pop(learner_id, None)
+        self.published.pop(learner_id, None)
 
     def _remember(self, snap: PolicySnapshot) -> None:
         self.history[snap.version] = snap

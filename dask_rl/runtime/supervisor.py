@@ -89,17 +89,18 @@ class ActorSupervisor:
             target_every=self.target_every, run=self.name, epoch=epoch,
             actor=True, pure=False, key=f"parameter-actor-{generation}-{self.name}",
             **placement)
+        create_s = max(cfg.checkpoint.actor_timeout_s, 60.0)
         try:
-            actor = self._wait(future, max(cfg.checkpoint.actor_timeout_s, 60.0))
+            actor = self._wait(future, create_s)
         except TimeoutError:
             raise RuntimeError(
                 f"the parameter actor could not be created within "
-                f"{max(cfg.checkpoint.actor_timeout_s, 60.0):g} s: no worker took the task "
+                f"{create_s:g} s: no worker took the task "
                 f"(are all workers paused for memory, or none of the allowed ones alive?)"
             ) from None
         channel = None
         if cfg.cluster.actor_transport == "direct":
-            channel = self._wait(actor.open_channel(), max(cfg.checkpoint.actor_timeout_s, 60.0))
+            channel = self._wait(actor.open_channel(), create_s)
         handle = ActorHandle(actor, timeout=cfg.checkpoint.actor_timeout_s, epoch=epoch,
                              channel=channel)
         self._future = future  # keeps the actor alive
