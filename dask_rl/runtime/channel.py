@@ -44,6 +44,8 @@ PORTS_ENV = "DASK_RL_CHANNEL_PORTS"
 TOKEN_BYTES = 16
 HANDSHAKE_S = 10.0  # a connection that does not prove the token by then is closed
 CONNECT_S = 5.0     # a connection's own budget: never the little left of a caller's time
+RETRY_S = 30.0      # after an unreachable channel, calls go through Dask this long, then retry
+RETRY_MAX_S = 600.0  # ... doubling each time it is still unreachable, up to this
 
 
 def _left(deadline: float | None) -> float | None:
@@ -233,14 +235,26 @@ class Unreachable(ConnectionError):
 
 class ChannelClient:
     """Sends trips to a :class:`ChannelServer` at ``address``, one per connection at a time,
-    idle connections kept for the next."""
+    idle connections kept for the next.
+
+    After :class:`Unreachable` the client is not :attr:`reachable` for ``RETRY_S`` seconds
+    (its caller goes through Dask meanwhile), then tries again; each further failure doubles
+    the wait, up to ``RETRY_MAX_S``; a connection made resets it. A passing fault (a backlog
+    full, a network blip) so costs the channel for a while, not for the actor's lifetime, and
+    a firewall that never lets it through costs one connect attempt per ``RETRY_MAX_S``."""
 
     def __init__(self, address: tuple[str, int], token: bytes):
         self.address = tuple(address)
         self.token = token
-        self.reachable = True  # set False by a caller that found it unreachable
+        self._retry_at = 0.0  # monotonic time before which the channel is not tried
+        self._backoff = RETRY_S
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
+
+    @property
+    def reachable(self) -> bool:
+        """Whether to try the channel now (False for a while after :class:`Unreachable`)."""
+        return time.monotonic() >= self._retry_at
 
     def _connect(self) -> socket.socket:
         """A connection whose server proved the token (within ``CONNECT_S``, whatever is
@@ -249,8 +263,14 @@ class ChannelClient:
         try:
             conn = socket.create_connection(self.address, timeout=CONNECT_S)
         except OSError as exc:
+            with self._lock:
+                wait, self._backoff = self._backoff, min(2 * self._backoff, RETRY_MAX_S)
+                self._retry_at = time.monotonic() + wait
             raise Unreachable(f"the parameter actor's channel at {self.address[0]}:"
-                              f"{self.address[1]}: {exc}") from exc
+                              f"{self.address[1]}: {exc}; Dask carries the calls for the "
+                              f"next {wait:.0f} s") from exc
+        with self._lock:
+            self._backoff = RETRY_S
         try:
             _tune(conn)
             mine = secrets.token_bytes(TOKEN_BYTES)

@@ -77,9 +77,7 @@ class ActorHandle:
                     try:
                         return client.send(calls, timeout).items
                     except Unreachable as exc:  # Dask may still reach the actor's worker
-                        client.reachable = False
-                        logger.warning("%s; this process's calls to the parameter actor go "
-                                       "through Dask instead", exc)
+                        logger.warning("%s", exc)
                     timeout = seconds_left(deadline)
                 return through_dask(calls, timeout)
 

@@ -275,3 +275,31 @@ def test_the_channel_takes_the_first_free_port_of_its_range(monkeypatch):
         ChannelServer(actors[3].call_many, "127.0.0.1")
     for srv in servers:
         srv.close()
+
+
+def test_an_unreachable_channel_is_retried_after_a_growing_wait(monkeypatch):
+    """After Unreachable the channel rests RETRY_S (the caller uses Dask), then is tried again;
+    each further failure doubles the rest (up to RETRY_MAX_S); a connection resets it."""
+    monkeypatch.setattr(channel_module, "RETRY_S", 0.3)
+    monkeypatch.setattr(channel_module, "RETRY_MAX_S", 0.6)
+    with socket.socket() as probe:  # a port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    actor = _actor(size=10)
+    client = ChannelClient(("127.0.0.1", port), b"t" * 16)
+    for rest in (0.3, 0.6, 0.6):  # doubled, then held at the cap
+        assert client.reachable
+        t0 = time.monotonic()
+        with pytest.raises(channel_module.Unreachable, match="Dask carries the calls"):
+            client.send([("pull", (), {})], timeout=10)
+        assert not client.reachable and client._retry_at - time.monotonic() <= rest
+        while not client.reachable:
+            time.sleep(0.02)
+        assert time.monotonic() - t0 >= rest
+    monkeypatch.setenv(channel_module.PORTS_ENV, f"{port}-{port}")  # the channel comes up
+    server = ChannelServer(actor.call_many, "127.0.0.1")
+    client.token = server.token
+    ok, snap = client.send([("pull", (), {})], timeout=10).items[0]
+    assert ok and snap.version == 0 and client.reachable
+    assert client._backoff == 0.3  # the next failure rests RETRY_S again
+    server.close()
