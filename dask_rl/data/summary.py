@@ -71,6 +71,7 @@ class LearnerSummary(TrainerSummary):
     rollout_time_share: float
     rollout_pulls: int           # rollout slots' pulls asked of the actor (event triggers) ...
     rollout_loads: int           # ... and those answered with parameters
+    channel_trips: int | None = None  # trips the last actor served over its direct channel
 
 
 @dataclass

@@ -383,7 +383,8 @@ class Driver(Trainer):
             learner_time_share=a.learner_busy_s / busy,
             rollout_time_share=a.rollout_busy_s / busy,
             rollout_pulls=pulls["actor/rollout_pulls"],
-            rollout_loads=pulls["actor/rollout_loads"])
+            rollout_loads=pulls["actor/rollout_loads"],
+            channel_trips=pulls.get("actor/channel_trips"))
 
 
 def initial_parameters(cfg, algorithm) -> tuple[np.ndarray, dict | None]:

@@ -192,6 +192,15 @@ def test_losing_a_learner_worker_between_its_push_and_its_result(tmp_path):
 TRANSPORTS = pytest.mark.parametrize("transport", ["dask", "direct"])
 
 
+def _uses_its_channel(summary: dict, transport: str) -> None:
+    """The run's last actor (re-created by a recovery) was reached over its own channel with
+    ``direct``, and never with ``dask``: the handle the recovery hands out carries it."""
+    if transport == "direct":
+        assert summary["channel_trips"] > 0, summary
+    else:
+        assert summary["channel_trips"] == 0, summary
+
+
 @pytest.mark.slow
 @TRANSPORTS
 def test_losing_the_parameter_actors_worker(tmp_path, transport):
@@ -221,6 +230,7 @@ def test_losing_the_parameter_actors_worker(tmp_path, transport):
     again = _learner_record(run_dir, seq)
     assert again["status"] == "refused", again
     assert summary["pushes_refused"] >= 1, summary
+    _uses_its_channel(summary, transport)
 
 
 @pytest.mark.slow
@@ -256,6 +266,7 @@ def test_a_hung_actor_stalls_the_run_for_at_most_its_timeout(tmp_path, transport
     again = _learner_record(run_dir, int(marker.read_text().split()[1]))
     assert again["status"] == "refused", again
     assert summary["pushes_refused"] >= 1, summary
+    _uses_its_channel(summary, transport)
 
 
 @pytest.mark.slow
