@@ -206,8 +206,14 @@ def summarise(rows: list[dict], args) -> dict:
     if args.target is not None:
         t_d = [by["dask"][s]["time_to_target_s"] for s in seeds]
         t_p = [by["plain"][s]["time_to_target_s"] for s in seeds]
-        ratio, lo, hi = bootstrap_ratio_ci(t_d, t_p, np.median)
+        censored = [side for side, t in (("dask", t_d), ("plain", t_p))
+                    if not math.isfinite(float(np.median(t)))]
+        # a side whose median run never reached the target has no median time: no ratio
+        # (dividing by its inf would print 0 as if dask-rl took no time)
+        ratio, lo, hi = (None, None, None) if censored else bootstrap_ratio_ci(t_d, t_p,
+                                                                                np.median)
         out["time_to_target_ratio_median"] = {"ratio": ratio, "ci95": [lo, hi],
+                                              "median_censored": censored,
                                               "dask_s": t_d, "plain_s": t_p}
     return out
 
